@@ -1,0 +1,1 @@
+"""The `avm` command line and the one-process emulator of the AgentVM cloud."""

@@ -1,0 +1,140 @@
+"""The composition root of `avm serve`: the only place that chooses the local adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI
+from starlette.websockets import WebSocket
+
+from agentvm import __version__
+from agentvm.adapters.local.sqlite_store import SqliteStore
+from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
+from agentvm.adapters.local.ws_hub import LocalHub
+from agentvm.api.http_app import create_app
+from agentvm.api.ws_router import CommandRouter
+from agentvm.config import Settings
+from agentvm.domain.models import DEFAULT_TENANT, Principal
+from agentvm.drivers.scripted import ScriptedDriver
+from agentvm.engine.runner import EngineOptions
+from agentvm.ids import now_ms
+from agentvm.ports import Driver
+from agentvm.services.bundle import Services
+from agentvm.services.deps import Deps
+from agentvm.services.recovery import recover_unfinished_turns
+
+log = logging.getLogger("agentvm.serve")
+
+MAINTENANCE_INTERVAL_S = 60.0
+
+
+def build_driver(settings: Settings) -> Driver:
+    if settings.llm_api_key is not None and settings.llm_api_key.get_secret_value():
+        from agentvm.drivers.anthropic_sdk import AnthropicDriver
+
+        return AnthropicDriver(settings.llm_api_key.get_secret_value(), base_url=settings.llm_base_url,
+                               timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries)
+    if settings.script_path is not None:
+        return ScriptedDriver.from_file(settings.script_path)
+    return ScriptedDriver()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class Runtime:
+    """Everything `avm serve` runs, wired together."""
+
+    settings: Settings
+    store: SqliteStore
+    hub: LocalHub
+    services: Services
+    router: CommandRouter
+    endpoint: WebSocketEndpoint
+    app: FastAPI
+    driver: Driver
+
+
+def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtime:
+    store = SqliteStore(settings.database_path())
+    hub = LocalHub()
+    drv = driver or build_driver(settings)
+    default_model = settings.llm_model if drv.name != "scripted" else "scripted"
+    options = EngineOptions(default_model=default_model, max_tokens=settings.llm_max_tokens,
+                            flush_ms=settings.stream_flush_ms, max_iterations=settings.max_tool_iterations)
+    services = Services(Deps(store=store, fanout=hub, driver=drv, options=options))
+    router = CommandRouter(services, hub)
+    open_principal = Principal(DEFAULT_TENANT)
+
+    def principal_for(_ws: WebSocket) -> Principal:
+        # Open single-tenant mode: loopback only, no keys (architecture §5.3).
+        return open_principal
+
+    endpoint = WebSocketEndpoint(hub=hub, router=router, principal_for=principal_for,
+                                 max_queue=settings.send_queue_max)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        await store.open()
+        await recover_unfinished_turns(store)
+        maintenance = asyncio.get_running_loop().create_task(_maintain(runtime))
+        try:
+            yield
+        finally:
+            maintenance.cancel()
+            await endpoint.drain()
+            await services.sessions.shutdown()
+            await store.close()
+
+    app = create_app(lifespan=lifespan)
+    app.add_api_websocket_route("/ws", endpoint)
+    app.add_api_websocket_route("/", endpoint)
+    runtime = Runtime(settings, store, hub, services, router, endpoint, app, drv)
+    return runtime
+
+
+async def _maintain(rt: Runtime) -> None:
+    """Evict idle session actors and prune the event log past its retention."""
+    while True:
+        await asyncio.sleep(MAINTENANCE_INTERVAL_S)
+        try:
+            await rt.services.sessions.evict_idle()
+            cutoff = now_ms() - rt.settings.event_retention_hours * 3_600_000
+            await rt.store.prune_events(cutoff)
+        except Exception:
+            log.exception("maintenance failed")
+
+
+def uvicorn_config(rt: Runtime) -> uvicorn.Config:
+    s = rt.settings
+    # Frames are small JSON events: compressing each costs more CPU than it saves, and API
+    # Gateway (the cloud edge) does not compress either.
+    return uvicorn.Config(rt.app, host=s.host, port=s.port, log_config=None, lifespan="on", access_log=False,
+                          ws="websockets-sansio", ws_max_size=s.max_frame_bytes, ws_per_message_deflate=False,
+                          ws_ping_interval=s.ping_interval_s, ws_ping_timeout=s.ping_interval_s,
+                          timeout_graceful_shutdown=15, loop="none")
+
+
+def banner(rt: Runtime, port: int) -> None:
+    s = rt.settings
+    if rt.driver.name == "scripted":
+        llm = "scripted (offline; set LLM_API_KEY to use Anthropic)"
+    else:
+        llm = f"{rt.driver.name} ({s.llm_model})"
+    log.info(f"AgentVM {__version__} listening on ws://{s.host}:{port}/ws — LLM: {llm}",
+             extra={"event": "startup", "version": __version__, "host": s.host, "port": port,
+                    "data_dir": str(s.data_dir), "driver": rt.driver.name, "flush_ms": s.stream_flush_ms})

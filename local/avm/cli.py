@@ -1,0 +1,108 @@
+"""`avm`: serve the emulator, chat with it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from agentvm import __version__
+from agentvm.errors import AgentVMError
+
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run the one-process AgentVM emulator")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind (default 8080; 0 picks a free port)")
+    p.add_argument("--data-dir", type=Path, help="where data is kept (default ~/.agentvm)")
+    p.add_argument("--script", type=Path, help="script file for the offline scripted driver")
+    p.add_argument("--flush-ms", type=int, help="text-delta coalescing window in ms (default 0)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+
+
+def _settings_from(args: argparse.Namespace) -> object:
+    from agentvm.config import Settings
+
+    overrides = {k: v for k, v in {
+        "host": args.host, "port": args.port, "data_dir": args.data_dir, "script_path": args.script,
+        "stream_flush_ms": args.flush_ms, "log_level": args.log_level}.items() if v is not None}
+    return Settings(**overrides)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from agentvm.config import Settings
+    from agentvm.logs import setup_logging
+    from avm.app import banner, build_runtime, is_loopback, uvicorn_config
+
+    settings = _settings_from(args)
+    assert isinstance(settings, Settings)
+    setup_logging(settings.log_level)
+    if not is_loopback(settings.host):
+        print(f"avm serve: refusing to listen on {settings.host}: a public address requires API keys, and "
+              "none are configured. Bind 127.0.0.1 (the default) for the open local mode.", file=sys.stderr)
+        return 2
+    rt = build_runtime(settings)
+    config = uvicorn_config(rt)
+    server = uvicorn.Server(config)
+
+    async def announce() -> None:
+        while not server.started:
+            if server.should_exit:
+                return
+            await asyncio.sleep(0.01)
+        port = settings.port
+        for s in server.servers:
+            for sock in s.sockets:
+                port = sock.getsockname()[1]
+        banner(rt, port)
+
+    task = asyncio.get_running_loop().create_task(announce())
+    await server.serve()
+    task.cancel()
+    return 0 if server.started else 1
+
+
+def _run(entry: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        return asyncio.run(entry(args))
+    return uvloop.run(entry(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="avm", description="AgentVM: host AI agents at the lowest cost.")
+    parser.add_argument("--version", action="version", version=f"avm {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    from avm import chat
+
+    chat.register(sub)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _run(_serve, args)
+        if args.command == "chat":
+            return _run(chat.run_chat, args)
+    except KeyboardInterrupt:
+        return 130
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        print(f"avm: invalid setting {'.'.join(str(p) for p in err['loc'])}: {err['msg']}", file=sys.stderr)
+        return 2
+    except AgentVMError as exc:
+        print(f"avm: {exc.message}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Adapters implementing the ports: `local` (embedded) and `aws` (cloud)."""

@@ -1,0 +1,1 @@
+"""AWS adapters (DynamoDB, S3, API Gateway, Lambda); filled by the cloud tier."""

@@ -1,0 +1,1 @@
+"""Embedded adapters for `avm serve`: SQLite, files, in-process gateway."""

@@ -1,0 +1,104 @@
+"""Versioned schema migrations for the SQLite store (PRAGMA user_version holds the version)."""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: the foundation schema. Every table is keyed by tenant first.
+    """
+    CREATE TABLE containers (
+        tenant_id TEXT NOT NULL,
+        container_id TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (tenant_id, container_id)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE images (
+        tenant_id TEXT NOT NULL,
+        image_id TEXT NOT NULL,
+        container_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        description TEXT,
+        system_prompt TEXT,
+        config TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (tenant_id, image_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX images_by_container ON images (tenant_id, container_id, created_at);
+    CREATE INDEX images_by_tenant ON images (tenant_id, created_at);
+
+    CREATE TABLE sessions (
+        tenant_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        image_id TEXT NOT NULL,
+        container_id TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        seq_reserved INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (tenant_id, session_id)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE agents (
+        tenant_id TEXT NOT NULL,
+        agent_id TEXT NOT NULL,
+        image_id TEXT NOT NULL,
+        container_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (tenant_id, agent_id)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX agents_by_image ON agents (tenant_id, image_id);
+    CREATE INDEX agents_by_container ON agents (tenant_id, container_id);
+
+    CREATE TABLE messages (
+        pos INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        turn_id TEXT,
+        body TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE UNIQUE INDEX messages_by_id ON messages (tenant_id, session_id, message_id);
+    CREATE INDEX messages_by_session ON messages (tenant_id, session_id, pos);
+
+    CREATE TABLE events (
+        tenant_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (tenant_id, session_id, seq)
+    ) WITHOUT ROWID;
+    CREATE INDEX events_by_age ON events (created_at);
+
+    CREATE TABLE turns (
+        tenant_id TEXT NOT NULL,
+        turn_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        image_id TEXT NOT NULL,
+        container_id TEXT NOT NULL,
+        user_message_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        model TEXT,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+        cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+        list_cost TEXT NOT NULL DEFAULT '0',
+        billed_cost TEXT NOT NULL DEFAULT '0',
+        error_code TEXT,
+        error_message TEXT,
+        created_at INTEGER NOT NULL,
+        started_at INTEGER,
+        ended_at INTEGER,
+        PRIMARY KEY (tenant_id, turn_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX turns_by_session ON turns (tenant_id, session_id, created_at);
+    CREATE INDEX turns_by_status ON turns (status);
+    """,
+]

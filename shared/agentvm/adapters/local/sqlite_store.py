@@ -1,0 +1,439 @@
+"""The Store port on SQLite: one file, WAL, versioned migrations, every query scoped by tenant.
+
+All statements run on one worker thread that owns the connection. Jobs queued while a transaction
+runs are committed together (group commit); each job runs in its own savepoint so one failure does
+not undo the others, and no caller is answered before its job is durable in the WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from agentvm.adapters.local.sqlite_schema import MIGRATIONS
+from agentvm.domain.models import (
+    Agent,
+    Checkpoint,
+    Container,
+    Image,
+    LoggedEvent,
+    Session,
+    StoredMessage,
+    Turn,
+    TurnStatus,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Job = Callable[[sqlite3.Connection], Any]
+_STOP = object()
+_BATCH_MAX = 512
+
+
+class SqliteStore:
+    def __init__(self, path: Path | str) -> None:
+        self._path = str(path)
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._thread is not None:
+            return
+        if self._path != ":memory:":
+            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+        ready: Future[None] = Future()
+        self._thread = threading.Thread(target=self._worker, args=(ready,), name="sqlite-store", daemon=True)
+        self._thread.start()
+        await asyncio.wrap_future(ready)
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+        self._jobs.put(_STOP)
+        await asyncio.to_thread(self._thread.join, 10)
+        self._thread = None
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a process crash (kill -9); only power loss may drop the
+        # last commits.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("PRAGMA cache_size=-8000")
+        self._migrate(conn)
+        return conn
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        if current > len(MIGRATIONS):
+            raise RuntimeError(
+                f"database schema version {current} is newer than this AgentVM supports "
+                f"({len(MIGRATIONS)}); upgrade AgentVM")
+        for version in range(current, len(MIGRATIONS)):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _split_sql(MIGRATIONS[version]):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={version + 1}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            log.info("database migrated", extra={"schema_version": version + 1})
+
+    def _worker(self, ready: Future[None]) -> None:
+        try:
+            conn = self._connect()
+        except BaseException as exc:  # report start-up failures to open()
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        try:
+            while True:
+                first = self._jobs.get()
+                if first is _STOP:
+                    break
+                batch = [first]
+                stop = False
+                while len(batch) < _BATCH_MAX:
+                    try:
+                        nxt = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is _STOP:
+                        stop = True
+                        break
+                    batch.append(nxt)
+                self._run_batch(conn, batch)
+                if stop:
+                    break
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _run_batch(conn: sqlite3.Connection, batch: list[tuple[Job, asyncio.AbstractEventLoop,
+                                                               asyncio.Future[Any]]]) -> None:
+        results: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for fn, _loop, fut in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    value = fn(conn)
+                    conn.execute("RELEASE job")
+                    results.append((fut, True, value))
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    results.append((fut, False, exc))
+            conn.execute("COMMIT")
+        except Exception as exc:
+            log.exception("sqlite transaction failed")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            results = [(fut, False, exc) for _fn, _loop, fut in batch]
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+        for (_fn, loop, _fut), res in zip(batch, results, strict=True):
+            by_loop.setdefault(loop, []).append(res)
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop is closed; nobody is waiting any more
+                loop.call_soon_threadsafe(_resolve_all, items)
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._thread is None:
+            raise RuntimeError("store is not open")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((fn, loop, fut))
+        return await fut
+
+    # ---- containers --------------------------------------------------------------------------
+
+    async def create_container(self, container: Container) -> bool:
+        def job(c: sqlite3.Connection) -> bool:
+            cur = c.execute(
+                "INSERT OR IGNORE INTO containers (tenant_id, container_id, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?)",
+                (container.tenant_id, container.container_id, container.created_at, container.updated_at))
+            return cur.rowcount == 1
+        return await self._run(job)
+
+    async def get_container(self, tenant_id: str, container_id: str) -> Container | None:
+        def job(c: sqlite3.Connection) -> Container | None:
+            row = c.execute("SELECT tenant_id, container_id, created_at, updated_at FROM containers "
+                            "WHERE tenant_id=? AND container_id=?", (tenant_id, container_id)).fetchone()
+            return Container(*row) if row else None
+        return await self._run(job)
+
+    async def list_containers(self, tenant_id: str) -> list[Container]:
+        def job(c: sqlite3.Connection) -> list[Container]:
+            rows = c.execute("SELECT tenant_id, container_id, created_at, updated_at FROM containers "
+                             "WHERE tenant_id=? ORDER BY created_at, container_id", (tenant_id,)).fetchall()
+            return [Container(*r) for r in rows]
+        return await self._run(job)
+
+    # ---- images and sessions -----------------------------------------------------------------
+
+    async def create_image(self, image: Image, session: Session) -> None:
+        def job(c: sqlite3.Connection) -> None:
+            c.execute(
+                "INSERT INTO images (tenant_id, image_id, container_id, session_id, name, description, "
+                "system_prompt, config, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (image.tenant_id, image.image_id, image.container_id, image.session_id, image.name,
+                 image.description, image.system_prompt, orjson.dumps(image.config).decode(),
+                 image.created_at, image.updated_at))
+            c.execute(
+                "INSERT INTO sessions (tenant_id, session_id, image_id, container_id, created_at, updated_at) "
+                "VALUES (?,?,?,?,?,?)",
+                (session.tenant_id, session.session_id, session.image_id, session.container_id,
+                 session.created_at, session.updated_at))
+        await self._run(job)
+
+    async def get_image(self, tenant_id: str, image_id: str) -> Image | None:
+        def job(c: sqlite3.Connection) -> Image | None:
+            row = c.execute(f"SELECT {_IMAGE_COLS} FROM images WHERE tenant_id=? AND image_id=?",
+                            (tenant_id, image_id)).fetchone()
+            return _image(row) if row else None
+        return await self._run(job)
+
+    async def list_images(self, tenant_id: str, container_id: str | None = None) -> list[Image]:
+        def job(c: sqlite3.Connection) -> list[Image]:
+            if container_id is None:
+                rows = c.execute(f"SELECT {_IMAGE_COLS} FROM images WHERE tenant_id=? "
+                                 "ORDER BY created_at DESC, image_id DESC", (tenant_id,)).fetchall()
+            else:
+                rows = c.execute(f"SELECT {_IMAGE_COLS} FROM images WHERE tenant_id=? AND container_id=? "
+                                 "ORDER BY created_at DESC, image_id DESC", (tenant_id, container_id)).fetchall()
+            return [_image(r) for r in rows]
+        return await self._run(job)
+
+    async def update_image(self, tenant_id: str, image_id: str, *, name: str | None,
+                           description: str | None, updated_at: int) -> Image | None:
+        def job(c: sqlite3.Connection) -> Image | None:
+            c.execute("UPDATE images SET name=COALESCE(?, name), description=COALESCE(?, description), "
+                      "updated_at=? WHERE tenant_id=? AND image_id=?",
+                      (name, description, updated_at, tenant_id, image_id))
+            row = c.execute(f"SELECT {_IMAGE_COLS} FROM images WHERE tenant_id=? AND image_id=?",
+                            (tenant_id, image_id)).fetchone()
+            return _image(row) if row else None
+        return await self._run(job)
+
+    async def delete_image(self, tenant_id: str, image_id: str) -> bool:
+        def job(c: sqlite3.Connection) -> bool:
+            row = c.execute("SELECT session_id FROM images WHERE tenant_id=? AND image_id=?",
+                            (tenant_id, image_id)).fetchone()
+            if row is None:
+                return False
+            sid = row[0]
+            for table in ("messages", "events", "turns", "sessions"):
+                c.execute(f"DELETE FROM {table} WHERE tenant_id=? AND session_id=?", (tenant_id, sid))
+            c.execute("DELETE FROM agents WHERE tenant_id=? AND image_id=?", (tenant_id, image_id))
+            c.execute("DELETE FROM images WHERE tenant_id=? AND image_id=?", (tenant_id, image_id))
+            return True
+        return await self._run(job)
+
+    async def get_session(self, tenant_id: str, session_id: str) -> Session | None:
+        def job(c: sqlite3.Connection) -> Session | None:
+            row = c.execute("SELECT tenant_id, session_id, image_id, container_id, created_at, updated_at "
+                            "FROM sessions WHERE tenant_id=? AND session_id=?",
+                            (tenant_id, session_id)).fetchone()
+            return Session(*row) if row else None
+        return await self._run(job)
+
+    # ---- agents ------------------------------------------------------------------------------
+
+    async def put_agent(self, agent: Agent) -> Agent:
+        def job(c: sqlite3.Connection) -> Agent:
+            c.execute("INSERT OR IGNORE INTO agents (tenant_id, agent_id, image_id, container_id, name, "
+                      "created_at) VALUES (?,?,?,?,?,?)",
+                      (agent.tenant_id, agent.agent_id, agent.image_id, agent.container_id, agent.name,
+                       agent.created_at))
+            row = c.execute(f"SELECT {_AGENT_COLS} FROM agents WHERE tenant_id=? AND image_id=?",
+                            (agent.tenant_id, agent.image_id)).fetchone()
+            return Agent(*row)
+        return await self._run(job)
+
+    async def get_agent(self, tenant_id: str, agent_id: str) -> Agent | None:
+        def job(c: sqlite3.Connection) -> Agent | None:
+            row = c.execute(f"SELECT {_AGENT_COLS} FROM agents WHERE tenant_id=? AND agent_id=?",
+                            (tenant_id, agent_id)).fetchone()
+            return Agent(*row) if row else None
+        return await self._run(job)
+
+    async def get_agent_for_image(self, tenant_id: str, image_id: str) -> Agent | None:
+        def job(c: sqlite3.Connection) -> Agent | None:
+            row = c.execute(f"SELECT {_AGENT_COLS} FROM agents WHERE tenant_id=? AND image_id=?",
+                            (tenant_id, image_id)).fetchone()
+            return Agent(*row) if row else None
+        return await self._run(job)
+
+    async def list_agents(self, tenant_id: str, container_id: str | None = None) -> list[Agent]:
+        def job(c: sqlite3.Connection) -> list[Agent]:
+            if container_id is None:
+                rows = c.execute(f"SELECT {_AGENT_COLS} FROM agents WHERE tenant_id=? "
+                                 "ORDER BY created_at, agent_id", (tenant_id,)).fetchall()
+            else:
+                rows = c.execute(f"SELECT {_AGENT_COLS} FROM agents WHERE tenant_id=? AND container_id=? "
+                                 "ORDER BY created_at, agent_id", (tenant_id, container_id)).fetchall()
+            return [Agent(*r) for r in rows]
+        return await self._run(job)
+
+    async def delete_agent(self, tenant_id: str, agent_id: str) -> bool:
+        def job(c: sqlite3.Connection) -> bool:
+            return c.execute("DELETE FROM agents WHERE tenant_id=? AND agent_id=?",
+                             (tenant_id, agent_id)).rowcount == 1
+        return await self._run(job)
+
+    # ---- history, turns, event log -----------------------------------------------------------
+
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        tenant, sid = checkpoint.tenant_id, checkpoint.session_id
+
+        def job(c: sqlite3.Connection) -> None:
+            if checkpoint.messages:
+                c.executemany(
+                    "INSERT OR IGNORE INTO messages (tenant_id, session_id, message_id, turn_id, body, "
+                    "created_at) VALUES (?,?,?,?,?,?)",
+                    [(tenant, sid, m.message_id, m.turn_id, orjson.dumps(m.body).decode(),
+                      int(m.body.get("timestamp", 0))) for m in checkpoint.messages])
+            if checkpoint.events:
+                c.executemany(
+                    "INSERT OR IGNORE INTO events (tenant_id, session_id, seq, type, payload, created_at) "
+                    "VALUES (?,?,?,?,?,?)",
+                    [(tenant, sid, e.seq, e.type, e.payload, e.created_at) for e in checkpoint.events])
+            for t in checkpoint.turns:
+                c.execute(
+                    "INSERT OR REPLACE INTO turns (tenant_id, turn_id, session_id, image_id, container_id, "
+                    "user_message_id, status, tier, model, input_tokens, output_tokens, cache_read_tokens, "
+                    "cache_write_tokens, list_cost, billed_cost, error_code, error_message, created_at, "
+                    "started_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (t.tenant_id, t.turn_id, t.session_id, t.image_id, t.container_id, t.user_message_id,
+                     str(t.status), t.tier, t.model, t.usage.input_tokens, t.usage.output_tokens,
+                     t.usage.cache_read_tokens, t.usage.cache_write_tokens, t.list_cost, t.billed_cost,
+                     t.error_code, t.error_message, t.created_at, t.started_at, t.ended_at))
+            if checkpoint.messages:
+                latest = max(int(m.body.get("timestamp", 0)) for m in checkpoint.messages)
+                c.execute("UPDATE sessions SET updated_at=MAX(updated_at, ?) WHERE tenant_id=? AND session_id=?",
+                          (latest, tenant, sid))
+        await self._run(job)
+
+    async def list_messages(self, tenant_id: str, session_id: str) -> list[StoredMessage]:
+        def job(c: sqlite3.Connection) -> list[StoredMessage]:
+            rows = c.execute("SELECT message_id, turn_id, body FROM messages WHERE tenant_id=? AND "
+                             "session_id=? ORDER BY pos", (tenant_id, session_id)).fetchall()
+            return [StoredMessage(session_id, r[0], orjson.loads(r[2]), r[1]) for r in rows]
+        return await self._run(job)
+
+    async def get_turn(self, tenant_id: str, turn_id: str) -> Turn | None:
+        def job(c: sqlite3.Connection) -> Turn | None:
+            row = c.execute(f"SELECT {_TURN_COLS} FROM turns WHERE tenant_id=? AND turn_id=?",
+                            (tenant_id, turn_id)).fetchone()
+            return _turn(row) if row else None
+        return await self._run(job)
+
+    async def list_turns(self, tenant_id: str, session_id: str) -> list[Turn]:
+        def job(c: sqlite3.Connection) -> list[Turn]:
+            rows = c.execute(f"SELECT {_TURN_COLS} FROM turns WHERE tenant_id=? AND session_id=? "
+                             "ORDER BY created_at, turn_id", (tenant_id, session_id)).fetchall()
+            return [_turn(r) for r in rows]
+        return await self._run(job)
+
+    async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
+                          limit: int = 10_000) -> list[LoggedEvent]:
+        def job(c: sqlite3.Connection) -> list[LoggedEvent]:
+            rows = c.execute("SELECT seq, type, payload, created_at FROM events WHERE tenant_id=? AND "
+                             "session_id=? AND seq>? ORDER BY seq LIMIT ?",
+                             (tenant_id, session_id, after_seq, limit)).fetchall()
+            return [LoggedEvent(*r) for r in rows]
+        return await self._run(job)
+
+    async def last_seq(self, tenant_id: str, session_id: str) -> int:
+        def job(c: sqlite3.Connection) -> int:
+            row = c.execute("SELECT MAX(seq) FROM events WHERE tenant_id=? AND session_id=?",
+                            (tenant_id, session_id)).fetchone()
+            return int(row[0] or 0)
+        return await self._run(job)
+
+    async def reserve_seqs(self, tenant_id: str, session_id: str, block: int) -> tuple[int, int]:
+        def job(c: sqlite3.Connection) -> tuple[int, int]:
+            row = c.execute("SELECT seq_reserved FROM sessions WHERE tenant_id=? AND session_id=?",
+                            (tenant_id, session_id)).fetchone()
+            logged = c.execute("SELECT MAX(seq) FROM events WHERE tenant_id=? AND session_id=?",
+                               (tenant_id, session_id)).fetchone()[0] or 0
+            ceiling = max(int(row[0]) if row else 0, int(logged))
+            c.execute("UPDATE sessions SET seq_reserved=? WHERE tenant_id=? AND session_id=?",
+                      (ceiling + block, tenant_id, session_id))
+            return ceiling + 1, ceiling + block
+        return await self._run(job)
+
+    async def prune_events(self, older_than_ms: int) -> int:
+        def job(c: sqlite3.Connection) -> int:
+            # The newest event of each session is kept so that seq never restarts below it.
+            return c.execute(
+                "DELETE FROM events WHERE created_at < ? AND seq < (SELECT MAX(e2.seq) FROM events e2 "
+                "WHERE e2.tenant_id=events.tenant_id AND e2.session_id=events.session_id)",
+                (older_than_ms,)).rowcount
+        return await self._run(job)
+
+    async def list_unfinished_turns(self) -> list[Turn]:
+        def job(c: sqlite3.Connection) -> list[Turn]:
+            rows = c.execute(f"SELECT {_TURN_COLS} FROM turns WHERE status IN ('queued', 'running') "
+                             "ORDER BY created_at").fetchall()
+            return [_turn(r) for r in rows]
+        return await self._run(job)
+
+    async def integrity_check(self) -> str:
+        def job(c: sqlite3.Connection) -> str:
+            return str(c.execute("PRAGMA integrity_check").fetchone()[0])
+        return await self._run(job)
+
+
+_IMAGE_COLS = ("tenant_id, image_id, container_id, session_id, name, created_at, updated_at, description, "
+               "system_prompt, config")
+_AGENT_COLS = "tenant_id, agent_id, image_id, container_id, name, created_at"
+_TURN_COLS = ("tenant_id, turn_id, session_id, image_id, container_id, user_message_id, status, created_at, "
+              "tier, model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, list_cost, "
+              "billed_cost, error_code, error_message, started_at, ended_at")
+
+
+def _image(row: tuple[Any, ...]) -> Image:
+    return Image(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], orjson.loads(row[9]))
+
+
+def _turn(r: tuple[Any, ...]) -> Turn:
+    return Turn(
+        tenant_id=r[0], turn_id=r[1], session_id=r[2], image_id=r[3], container_id=r[4],
+        user_message_id=r[5], status=TurnStatus(r[6]), created_at=r[7], tier=r[8], model=r[9],
+        usage=Usage(r[10], r[11], r[12], r[13]), list_cost=r[14], billed_cost=r[15], error_code=r[16],
+        error_message=r[17], started_at=r[18], ended_at=r[19])
+
+
+def _resolve_all(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for fut, ok, value in items:
+        if fut.done():
+            continue
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+def _split_sql(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]

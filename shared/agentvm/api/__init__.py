@@ -1,0 +1,1 @@
+"""Transports: the AgentX WebSocket command router and the FastAPI app (HTTP)."""

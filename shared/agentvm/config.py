@@ -1,0 +1,52 @@
+"""Settings: the one place that reads the environment. Every knob has a default and a doc string."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    return Path.home() / ".agentvm"
+
+
+class Settings(BaseSettings):
+    """Runtime settings. Environment variables use the `AVM_` prefix unless noted."""
+
+    model_config = SettingsConfigDict(env_prefix="AVM_", extra="ignore", populate_by_name=True)
+
+    host: str = Field("127.0.0.1", description="Address `avm serve` binds.")
+    port: int = Field(8080, ge=0, le=65535, description="Port `avm serve` binds (0 picks a free one).")
+    data_dir: Path = Field(default_factory=_default_data_dir,
+                           description="Where the SQLite database and blob files live.")
+
+    llm_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("LLM_API_KEY", "AVM_LLM_API_KEY", "ANTHROPIC_API_KEY"),
+        description="Anthropic API key; without one the offline scripted driver is used.")
+    llm_base_url: str | None = Field(None, description="Override of the Anthropic API base URL.")
+    llm_model: str = Field("claude-sonnet-4-5", description="Model for images that do not name one.")
+    llm_max_tokens: int = Field(4096, ge=1, le=200_000, description="max_tokens for each LLM call.")
+    llm_timeout_s: float = Field(600.0, gt=0, description="Timeout of one LLM call.")
+    llm_max_retries: int = Field(2, ge=0, le=10,
+                                 description="Retries of retryable LLM errors before any output.")
+    script_path: Path | None = Field(None, description="Script file for the scripted driver.")
+
+    stream_flush_ms: int = Field(0, ge=0, le=5000, description=(
+        "Text-delta coalescing window: the first delta goes at once, later ones are merged per window. "
+        "0 sends every delta."))
+    max_frame_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest accepted client frame.")
+    send_queue_max: int = Field(10_000, ge=16, description=(
+        "Frames queued for one connection before it is closed as too slow."))
+    ping_interval_s: float = Field(30.0, gt=0, description="WebSocket ping interval.")
+    auth_timeout_s: float = Field(5.0, gt=0, description="Deadline for a first `auth` frame when required.")
+    event_retention_hours: int = Field(48, ge=24, description="How long the session event log is kept.")
+    max_tool_iterations: int = Field(25, ge=1, description="LLM calls allowed in one turn.")
+    log_level: str = Field("INFO", description="Log level of the structured stderr log.")
+
+    def database_path(self) -> Path:
+        return self.data_dir / "agentvm.db"
+
+    def blob_dir(self) -> Path:
+        return self.data_dir / "blobs"

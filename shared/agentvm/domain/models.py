@@ -1,0 +1,163 @@
+"""Domain records. Plain dataclasses with slots: cheap to hold, cheap to copy, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+JSON = dict[str, Any]
+
+DEFAULT_TENANT = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: a tenant and the key it used (None in the open local mode)."""
+
+    tenant_id: str
+    key_id: str | None = None
+
+
+@dataclass(slots=True)
+class Container:
+    tenant_id: str
+    container_id: str
+    created_at: int
+    updated_at: int
+
+
+@dataclass(slots=True)
+class Image:
+    """A built definition. `config` is the frozen snapshot the agent runs with."""
+
+    tenant_id: str
+    image_id: str
+    container_id: str
+    session_id: str
+    name: str
+    created_at: int
+    updated_at: int
+    description: str | None = None
+    system_prompt: str | None = None
+    config: JSON = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Session:
+    tenant_id: str
+    session_id: str
+    image_id: str
+    container_id: str
+    created_at: int
+    updated_at: int
+
+
+@dataclass(slots=True)
+class Agent:
+    """An activation of an image. A record, not a process: nothing runs between turns."""
+
+    tenant_id: str
+    agent_id: str
+    image_id: str
+    container_id: str
+    name: str
+    created_at: int
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """One history entry. `body` is the full AgentX Message object (id, role, subtype, …)."""
+
+    session_id: str
+    message_id: str
+    body: JSON
+    turn_id: str | None = None
+
+    @property
+    def role(self) -> str:
+        return str(self.body.get("role", ""))
+
+    @property
+    def subtype(self) -> str:
+        return str(self.body.get("subtype", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+    def to_wire(self) -> JSON:
+        return {
+            "inputTokens": self.input_tokens,
+            "outputTokens": self.output_tokens,
+            "cacheReadTokens": self.cache_read_tokens,
+            "cacheWriteTokens": self.cache_write_tokens,
+        }
+
+
+class TurnStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+TERMINAL_TURN_STATUSES = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.INTERRUPTED})
+
+
+@dataclass(slots=True)
+class Turn:
+    tenant_id: str
+    turn_id: str
+    session_id: str
+    image_id: str
+    container_id: str
+    user_message_id: str
+    status: TurnStatus
+    created_at: int
+    tier: str = "function"
+    model: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    list_cost: str = "0"
+    billed_cost: str = "0"
+    error_code: str | None = None
+    error_message: str | None = None
+    started_at: int | None = None
+    ended_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """A session event as sent: its per-session `seq`, type and encoded JSON envelope."""
+
+    seq: int
+    type: str
+    payload: str
+    created_at: int
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """Everything a turn produced since the last checkpoint, committed atomically in one write."""
+
+    tenant_id: str
+    session_id: str
+    messages: list[StoredMessage] = field(default_factory=list)
+    events: list[LoggedEvent] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.messages or self.events or self.turns)

@@ -1,0 +1,1 @@
+"""LLM drivers: scripted (offline), anthropic (official SDK)."""

@@ -1,0 +1,354 @@
+"""Runs one turn: LLM calls and the tool loop, emitting events in the order of spec §3.9 and
+persisting each message exactly once, at checkpoints (never per delta).
+
+Event order (AgentVM fixes to the reference in brackets):
+  message_start, conversation_start, text_delta [merged per flush window],
+  conversation_responding [once per LLM message], tool_use_start, tool_planned, input_json_delta,
+  tool_use_stop [real ids and input], tool_call_message, message_stop, assistant_message,
+  [tool_executing with the input, when the tool runs], tool_result, tool_result_message, …,
+  conversation_end [reason "interrupted" after an interrupt], [turn_response with usage and cost].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from agentvm.domain.models import (
+    Checkpoint,
+    Image,
+    StoredMessage,
+    Turn,
+    TurnStatus,
+    Usage,
+)
+from agentvm.drivers.base import (
+    InputJsonDelta,
+    LLMRequest,
+    MessageStart,
+    MessageStop,
+    TextDelta,
+    ToolOutcome,
+    ToolUseStart,
+    ToolUseStop,
+)
+from agentvm.engine.channel import SessionChannel
+from agentvm.engine.coalescer import DeltaCoalescer
+from agentvm.engine.context import build_context
+from agentvm.engine.tools import ToolRunner
+from agentvm.errors import AgentVMError, UpstreamError
+from agentvm.ids import message_id, now_ms
+from agentvm.money import DEFAULT_MARKUP, cost_of
+from agentvm.ports import Driver, Store
+from agentvm.protocol import messages as msgs
+
+log = logging.getLogger(__name__)
+JSON = dict[str, Any]
+
+
+@dataclass(slots=True)
+class EngineOptions:
+    default_model: str
+    max_tokens: int
+    flush_ms: int = 0
+    max_iterations: int = 25
+    markup: Decimal = DEFAULT_MARKUP
+    tier: str = "function"
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str
+    name: str
+    input: JSON
+    result: ToolOutcome | None
+
+
+@dataclass(slots=True)
+class _Msg:
+    """What one LLM call has produced so far."""
+
+    message_id: str | None = None
+    model: str | None = None
+    started_at: int = 0
+    text: list[str] = field(default_factory=list)
+    calls: list[_Call] = field(default_factory=list)
+    stop_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    responding_sent: bool = False
+    counted: bool = False
+    coalescer: DeltaCoalescer | None = None
+
+
+class TurnRunner:
+    def __init__(self, *, store: Store, driver: Driver, channel: SessionChannel, tools: ToolRunner,
+                 options: EngineOptions) -> None:
+        self.store = store
+        self.driver = driver
+        self.channel = channel
+        self.tools = tools
+        self.options = options
+        self._unsaved: list[StoredMessage] = []
+        self._child: asyncio.Task[Any] | None = None
+        self._interrupted = False
+        self._turn_id: str | None = None
+        self._usage = Usage()
+
+    def interrupt(self) -> None:
+        self._interrupted = True
+        if self._child is not None and not self._child.done():
+            self._child.cancel()
+
+    async def run(self, turn: Turn, image: Image) -> Turn:
+        started = time.monotonic()
+        turn.status = TurnStatus.RUNNING
+        turn.started_at = now_ms()
+        model = str(image.config.get("model") or self.options.default_model)
+        max_tokens = int(image.config.get("maxTokens") or self.options.max_tokens)
+        turn.model = model
+        turn.tier = self.options.tier
+        self._turn_id = turn.turn_id
+        msg = _Msg()
+        end_reason = "completed"
+        try:
+            history = await self.store.list_messages(turn.tenant_id, turn.session_id)
+            context = build_context(history, until_message_id=turn.user_message_id)
+            for _iteration in range(self.options.max_iterations):
+                if self._interrupted:
+                    break
+                msg = _Msg()
+                request = LLMRequest(model=model, messages=context, max_tokens=max_tokens,
+                                     system=image.system_prompt, tools=self.tools.schemas())
+                await self._child_task(self._stream(request, msg))
+                self._count(msg)
+                if msg.model:
+                    turn.model = msg.model
+                if self._interrupted:
+                    break
+                if msg.stop_reason != "tool_use" or not msg.calls:
+                    break
+                context.append({"role": "assistant", "content": self._assistant_blocks(msg)})
+                results = await self._run_tools(msg)
+                if results is None:  # interrupted while a tool ran
+                    break
+                context.append({"role": "user", "content": results})
+                await self._checkpoint(turn)
+                msg = _Msg()
+            else:
+                raise UpstreamError(
+                    f"The turn stopped after {self.options.max_iterations} model calls "
+                    "(max_tool_iterations).", code="tool_iteration_limit")
+            if self._interrupted:
+                self._close_message(msg, interrupted=True)
+                end_reason = "interrupted"
+                turn.status = TurnStatus.INTERRUPTED
+            else:
+                turn.status = TurnStatus.COMPLETED
+            self.channel.publish("conversation_end", {"reason": end_reason})
+        except asyncio.CancelledError:
+            # The server is shutting down: record what stands, then let the cancellation go on.
+            self._close_message(msg, interrupted=True)
+            turn.status = TurnStatus.INTERRUPTED
+            turn.error_code, turn.error_message = "shutdown", "The server stopped during this turn."
+            self.channel.publish("conversation_end", {"reason": "interrupted"})
+            self._count(msg)
+            await self._finish(turn, started, msg)
+            raise
+        except Exception as exc:
+            self._count(msg)
+            self._fail(turn, msg, exc)
+        await self._finish(turn, started, msg)
+        return turn
+
+    def _count(self, msg: _Msg) -> None:
+        """Add an LLM call's usage once, whether it completed, failed or was interrupted."""
+        if not msg.counted:
+            msg.counted = True
+            self._usage = self._usage + msg.usage
+
+    # ---- one LLM call ------------------------------------------------------------------------
+
+    async def _child_task(self, coro: Any) -> Any:
+        self._child = asyncio.get_running_loop().create_task(coro)
+        try:
+            return await self._child
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._interrupted and (task is None or task.cancelling() == 0):
+                return None
+            self._child.cancel()
+            raise
+        finally:
+            self._child = None
+
+    async def _stream(self, request: LLMRequest, msg: _Msg) -> None:
+        ch = self.channel
+        async with contextlib.aclosing(self.driver.stream(request)) as stream:
+            async for ev in stream:
+                if isinstance(ev, TextDelta):
+                    if msg.coalescer is None:
+                        continue
+                    msg.text.append(ev.text)
+                    msg.coalescer.text(ev.text)
+                    if not msg.responding_sent:
+                        msg.responding_sent = True
+                        ch.publish("conversation_responding", {})
+                elif isinstance(ev, MessageStart):
+                    msg.message_id, msg.model, msg.usage = ev.message_id, ev.model, ev.usage
+                    msg.started_at = now_ms()
+                    msg.coalescer = DeltaCoalescer(self.options.flush_ms, self._emit_text)
+                    ch.publish("message_start", {"messageId": ev.message_id, "model": ev.model})
+                    ch.publish("conversation_start", {"messageId": ev.message_id})
+                elif isinstance(ev, ToolUseStart):
+                    self._flush(msg)
+                    ch.publish("tool_use_start", {"toolCallId": ev.tool_call_id, "toolName": ev.name})
+                    ch.publish("tool_planned", {"toolId": ev.tool_call_id, "toolName": ev.name})
+                elif isinstance(ev, InputJsonDelta):
+                    ch.publish("input_json_delta", {"partialJson": ev.partial_json})
+                elif isinstance(ev, ToolUseStop):
+                    self._flush(msg)
+                    msg.calls.append(_Call(ev.tool_call_id, ev.name, dict(ev.input), ev.result))
+                    ch.publish("tool_use_stop", {"toolCallId": ev.tool_call_id, "toolName": ev.name,
+                                                 "input": ev.input})
+                    body = msgs.tool_call_message(message_id(), ev.tool_call_id, ev.name, dict(ev.input),
+                                                  msg.message_id, now_ms())
+                    self._keep(body)
+                    ch.publish("tool_call_message", body)
+                elif isinstance(ev, MessageStop):
+                    msg.stop_reason = ev.stop_reason or "end_turn"
+                    msg.usage = _merge_usage(msg.usage, ev.usage)
+                    self._close_message(msg, interrupted=False)
+
+    def _emit_text(self, text: str) -> None:
+        self.channel.publish("text_delta", {"text": text})
+
+    def _flush(self, msg: _Msg) -> None:
+        if msg.coalescer is not None:
+            msg.coalescer.flush()
+
+    def _close_message(self, msg: _Msg, *, interrupted: bool) -> None:
+        """message_stop, then assistant_message if the message had text (spec §3.9)."""
+        if msg.coalescer is None:
+            return
+        self._flush(msg)
+        msg.coalescer = None
+        stop = "end_turn" if interrupted else (msg.stop_reason or "end_turn")
+        msg.stop_reason = stop
+        self.channel.publish("message_stop", {"stopReason": stop})
+        text = "".join(msg.text)
+        if text.strip() and msg.message_id:
+            body = msgs.assistant_message(msg.message_id, text, msg.started_at)
+            self._keep(body)
+            self.channel.publish("assistant_message", body, timestamp=msg.started_at)
+
+    def _keep(self, body: JSON) -> None:
+        self._unsaved.append(StoredMessage(self.channel.session_id, str(body["id"]), body, self._turn_id))
+
+    @staticmethod
+    def _assistant_blocks(msg: _Msg) -> list[JSON]:
+        blocks: list[JSON] = []
+        text = "".join(msg.text)
+        if text.strip():
+            blocks.append({"type": "text", "text": text})
+        for c in msg.calls:
+            blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": c.input})
+        return blocks
+
+    # ---- tools -------------------------------------------------------------------------------
+
+    async def _run_tools(self, msg: _Msg) -> list[JSON] | None:
+        results: list[JSON] = []
+        for call in msg.calls:
+            self.channel.publish("tool_executing", {"toolId": call.id, "toolName": call.name, "input": call.input})
+            outcome = call.result
+            if outcome is None:
+                ran = await self._child_task(self._run_tool(call))
+                if ran is None:
+                    return None
+                outcome = ran
+            self.channel.publish("tool_result", {"toolCallId": call.id, "result": outcome.output,
+                                                 "isError": outcome.is_error})
+            body = msgs.tool_result_message(message_id(), call.id, call.name, outcome.output, outcome.is_error,
+                                            now_ms())
+            self._keep(body)
+            self.channel.publish("tool_result_message", body)
+            value = body["toolResult"]["output"]["value"]
+            results.append({"type": "tool_result", "tool_use_id": call.id, "content": value,
+                            "is_error": outcome.is_error})
+        return results
+
+    async def _run_tool(self, call: _Call) -> ToolOutcome:
+        try:
+            return await self.tools.run(call.name, call.input)
+        except AgentVMError as exc:
+            return ToolOutcome(exc.message, is_error=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("tool failed", extra={"tool": call.name})
+            return ToolOutcome(f"Tool '{call.name}' failed.", is_error=True)
+
+    # ---- endings -----------------------------------------------------------------------------
+
+    def _fail(self, turn: Turn, msg: _Msg, exc: Exception) -> None:
+        if isinstance(exc, AgentVMError):
+            code, text = exc.code, exc.message
+            log.warning("turn failed", extra={"turn_id": turn.turn_id, "error_code": code})
+        else:
+            code, text = "internal_error", "Internal error while running the turn."
+            log.exception("turn crashed", extra={"turn_id": turn.turn_id})
+        self._flush(msg)
+        partial = "".join(msg.text)
+        if partial.strip() and msg.message_id:
+            # What the user already saw stays in the history; no event, as in the reference.
+            self._keep(msgs.assistant_message(msg.message_id, partial, msg.started_at))
+        ch = self.channel
+        ch.publish("error_received", {"message": text, "errorCode": code})
+        body = msgs.error_message(message_id(), text, code, now_ms())
+        self._keep(body)
+        ch.publish("error_message", body)
+        ch.publish("error_occurred", {"code": code, "message": text, "recoverable": True})
+        turn.status = TurnStatus.FAILED
+        turn.error_code, turn.error_message = code, text
+
+    async def _finish(self, turn: Turn, started: float, msg: _Msg) -> None:
+        usage = turn.usage = self._usage
+        cost = cost_of(usage, turn.model or self.options.default_model, markup=self.options.markup)
+        turn.list_cost, turn.billed_cost = str(cost.list), str(cost.billed)
+        turn.ended_at = now_ms()
+        duration = int((time.monotonic() - started) * 1000)
+        self.channel.publish("turn_response", {
+            "turnId": turn.turn_id, "messageId": msg.message_id, "durationMs": duration,
+            "usage": usage.to_wire(), "cost": cost.to_wire(), "model": turn.model, "tier": turn.tier,
+            "stopReason": msg.stop_reason, "status": str(turn.status), "timestamp": turn.ended_at})
+        await self._checkpoint(turn)
+        log.info("turn finished", extra={
+            "turn_id": turn.turn_id, "session_id": turn.session_id, "container_id": turn.container_id,
+            "status": str(turn.status), "model": turn.model, "tier": turn.tier, "duration_ms": duration,
+            "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens})
+
+    async def _checkpoint(self, turn: Turn) -> None:
+        events = self.channel.take_pending()
+        cp = Checkpoint(turn.tenant_id, turn.session_id, messages=self._unsaved, events=events, turns=[turn])
+        self._unsaved = []
+        try:
+            await self.store.commit(cp)
+        except BaseException:
+            self._unsaved = cp.messages + self._unsaved
+            self.channel.restore_pending(events)
+            raise
+
+
+def _merge_usage(start: Usage, stop: Usage) -> Usage:
+    """Anthropic reports input (and cache) tokens at message start and cumulative output at the end."""
+    return Usage(
+        input_tokens=stop.input_tokens or start.input_tokens,
+        output_tokens=stop.output_tokens or start.output_tokens,
+        cache_read_tokens=stop.cache_read_tokens or start.cache_read_tokens,
+        cache_write_tokens=stop.cache_write_tokens or start.cache_write_tokens,
+    )

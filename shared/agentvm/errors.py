@@ -1,0 +1,60 @@
+"""The error hierarchy. Each class maps once to a protocol error code and an HTTP status."""
+
+from __future__ import annotations
+
+
+class AgentVMError(Exception):
+    """Base of every error that is safe to show to a client."""
+
+    code = "internal_error"
+    http_status = 500
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidRequest(AgentVMError):
+    code = "invalid_request"
+    http_status = 400
+
+
+class NotFound(AgentVMError):
+    code = "not_found"
+    http_status = 404
+
+
+class Conflict(AgentVMError):
+    code = "conflict"
+    http_status = 409
+
+
+class Unauthorized(AgentVMError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class QuotaExceeded(AgentVMError):
+    code = "quota_exceeded"
+    http_status = 429
+
+
+class UpstreamError(AgentVMError):
+    """The LLM provider (or another upstream) failed. `code` is the provider's error code."""
+
+    code = "upstream_error"
+    http_status = 502
+
+    def __init__(self, message: str, *, code: str | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        if code:
+            self.code = code
+        self.retryable = retryable
+
+
+def public_message(exc: BaseException) -> str:
+    """The text a client may see for an exception: ours verbatim, anything else generic."""
+    if isinstance(exc, AgentVMError):
+        return exc.message
+    return "Internal error"

@@ -1,0 +1,58 @@
+"""Identifier generation in one place, with readable prefixes.
+
+Server ids follow the reference format `<prefix>_<epoch-ms base36>_<random base36>`; message ids use
+decimal milliseconds like the reference (`msg_<ms>_<7 base36>`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _base36(n: int) -> str:
+    if n == 0:
+        return "0"
+    out = []
+    while n:
+        n, r = divmod(n, 36)
+        out.append(_ALPHABET[r])
+    return "".join(reversed(out))
+
+
+def _rand(k: int) -> str:
+    return "".join(secrets.choice(_ALPHABET) for _ in range(k))
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _new(prefix: str, rand_len: int = 8) -> str:
+    return f"{prefix}_{_base36(now_ms())}_{_rand(rand_len)}"
+
+
+def image_id() -> str:
+    return _new("img")
+
+
+def session_id() -> str:
+    return _new("sess")
+
+
+def agent_id() -> str:
+    return _new("agent")
+
+
+def turn_id() -> str:
+    return _new("turn")
+
+
+def connection_id() -> str:
+    return _new("conn")
+
+
+def message_id() -> str:
+    return f"msg_{now_ms()}_{_rand(10)}"

@@ -1,0 +1,72 @@
+"""Prices and billed cost. Money is Decimal, never float."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+
+from agentvm.domain.models import Usage
+
+MILLION = Decimal(1_000_000)
+# Costs are kept to 1e-8 USD so that sums of many small turns stay exact to the cent.
+COST_QUANTUM = Decimal("0.00000001")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPrice:
+    """USD per million tokens."""
+
+    input: Decimal
+    output: Decimal
+    cache_write: Decimal
+    cache_read: Decimal
+
+
+# Anthropic list prices, taken from the public pricing page on 2026-11-01 (USD per million tokens).
+# Cache write is the 5-minute cache write price.
+PRICES_TAKEN_ON = "2026-11-01"
+DEFAULT_PRICES: dict[str, ModelPrice] = {
+    "claude-opus-4": ModelPrice(Decimal("15"), Decimal("75"), Decimal("18.75"), Decimal("1.50")),
+    "claude-sonnet-4": ModelPrice(Decimal("3"), Decimal("15"), Decimal("3.75"), Decimal("0.30")),
+    "claude-haiku-4": ModelPrice(Decimal("1"), Decimal("5"), Decimal("1.25"), Decimal("0.10")),
+    "claude-3-5-haiku": ModelPrice(Decimal("0.80"), Decimal("4"), Decimal("1"), Decimal("0.08")),
+    "scripted": ModelPrice(Decimal("0"), Decimal("0"), Decimal("0"), Decimal("0")),
+}
+DEFAULT_MARKUP = Decimal("1.05")
+
+
+def price_for(model: str, prices: dict[str, ModelPrice] | None = None) -> ModelPrice:
+    """The price of the longest table key that prefixes the model name (`claude-sonnet-4-5-2025…`)."""
+    table = DEFAULT_PRICES if prices is None else prices
+    best = ""
+    for key in table:
+        if model.startswith(key) and len(key) > len(best):
+            best = key
+    if not best:
+        # Unknown models are priced like the most expensive family: never under-bill.
+        return max(table.values(), key=lambda p: p.output)
+    return table[best]
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    list: Decimal
+    billed: Decimal
+    currency: str = "USD"
+
+    def to_wire(self) -> dict[str, str]:
+        return {"list": str(self.list), "billed": str(self.billed), "currency": self.currency}
+
+
+def cost_of(usage: Usage, model: str, *, markup: Decimal = DEFAULT_MARKUP,
+            prices: dict[str, ModelPrice] | None = None) -> Cost:
+    p = price_for(model, prices)
+    raw = (
+        Decimal(usage.input_tokens) * p.input
+        + Decimal(usage.output_tokens) * p.output
+        + Decimal(usage.cache_write_tokens) * p.cache_write
+        + Decimal(usage.cache_read_tokens) * p.cache_read
+    ) / MILLION
+    list_cost = raw.quantize(COST_QUANTUM, rounding=ROUND_HALF_UP)
+    billed = (raw * markup).quantize(COST_QUANTUM, rounding=ROUND_HALF_UP)
+    return Cost(list=list_cost, billed=billed)

@@ -1,0 +1,125 @@
+"""The Protocols every adapter implements. Services and the engine see only these."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Protocol
+
+from agentvm.domain.models import (
+    Agent,
+    Checkpoint,
+    Container,
+    Image,
+    LoggedEvent,
+    Session,
+    StoredMessage,
+    Turn,
+)
+from agentvm.drivers.base import DriverEvent, LLMRequest
+
+
+class Store(Protocol):
+    """Durable state. Every method is scoped by tenant: another tenant's id reads as absent."""
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    # containers
+    async def create_container(self, container: Container) -> bool:
+        """Insert unless it exists; True when it was created."""
+        ...
+
+    async def get_container(self, tenant_id: str, container_id: str) -> Container | None: ...
+    async def list_containers(self, tenant_id: str) -> list[Container]: ...
+
+    # images and their primary session
+    async def create_image(self, image: Image, session: Session) -> None: ...
+    async def get_image(self, tenant_id: str, image_id: str) -> Image | None: ...
+    async def list_images(self, tenant_id: str, container_id: str | None = None) -> list[Image]:
+        """Newest first."""
+        ...
+
+    async def update_image(self, tenant_id: str, image_id: str, *, name: str | None,
+                           description: str | None, updated_at: int) -> Image | None: ...
+    async def delete_image(self, tenant_id: str, image_id: str) -> bool:
+        """Delete the image with its session, messages, event log, turns and agent."""
+        ...
+
+    async def get_session(self, tenant_id: str, session_id: str) -> Session | None: ...
+
+    # agents (activation records)
+    async def put_agent(self, agent: Agent) -> Agent:
+        """Insert unless the image already has an agent; returns the agent that is registered."""
+        ...
+
+    async def get_agent(self, tenant_id: str, agent_id: str) -> Agent | None: ...
+    async def get_agent_for_image(self, tenant_id: str, image_id: str) -> Agent | None: ...
+    async def list_agents(self, tenant_id: str, container_id: str | None = None) -> list[Agent]: ...
+    async def delete_agent(self, tenant_id: str, agent_id: str) -> bool: ...
+
+    # history, turns, event log
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        """Atomically insert messages (idempotent by id), append events, upsert turns."""
+        ...
+
+    async def list_messages(self, tenant_id: str, session_id: str) -> list[StoredMessage]: ...
+    async def get_turn(self, tenant_id: str, turn_id: str) -> Turn | None: ...
+    async def list_turns(self, tenant_id: str, session_id: str) -> list[Turn]: ...
+    async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
+                          limit: int = 10_000) -> list[LoggedEvent]: ...
+    async def last_seq(self, tenant_id: str, session_id: str) -> int: ...
+    async def reserve_seqs(self, tenant_id: str, session_id: str, block: int) -> tuple[int, int]:
+        """Reserve the next `block` seqs above everything reserved or logged: (first, last)."""
+        ...
+
+    async def prune_events(self, older_than_ms: int) -> int: ...
+    async def list_unfinished_turns(self) -> list[Turn]:
+        """Turns of every tenant left queued or running (after a crash)."""
+        ...
+
+
+class Gateway(Protocol):
+    """Pushes one encoded frame to one client connection (API Gateway `post_to_connection`)."""
+
+    async def post(self, connection_id: str, frame: str) -> bool:
+        """False when the connection is gone."""
+        ...
+
+
+class Driver(Protocol):
+    """An LLM driver: one streamed model call, as a sequence of neutral driver events."""
+
+    name: str
+
+    def stream(self, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]: ...
+
+
+class EventSource(Protocol):
+    """Where a replay reads a session's events after a seq (the store plus unpersisted events)."""
+
+    async def __call__(self, after_seq: int) -> list[LoggedEvent]: ...
+
+
+class Fanout(Protocol):
+    """Routes encoded events to connections: one connection, a session's subscribers, a tenant."""
+
+    def to_connection(self, connection_id: str, payload: str) -> None: ...
+
+    def to_session(self, session_id: str, seq: int, payload: str, *, exclude: str | None = None) -> None: ...
+
+    def to_container(self, tenant_id: str, container_id: str, payload: str) -> None:
+        """Lifecycle events: to the tenant's connections that watch this container."""
+        ...
+
+    def watch(self, connection_id: str, container_id: str) -> None:
+        """The connection named this container in a request: it gets its lifecycle events."""
+        ...
+
+    def attach(self, connection_id: str, session_id: str, container_id: str) -> None:
+        """Subscribe to a session's live events only (the automatic subscription of a requester)."""
+        ...
+
+    async def subscribe(self, connection_id: str, session_id: str, container_id: str, after_seq: int | None,
+                        source: EventSource) -> None:
+        """Subscribe; with `after_seq`, first deliver the missed events exactly once, in order."""
+        ...

@@ -1,0 +1,1 @@
+"""The AgentX wire model: envelope, commands, events and message objects (pydantic)."""

@@ -1,0 +1,293 @@
+"""The 17 AgentX commands: request data models (validated) and response data models (sent)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints, field_validator
+
+from agentvm.protocol.base import InboundModel, WireModel
+from agentvm.protocol.messages import UserContent
+
+ContainerIdStr = Annotated[str, StringConstraints(min_length=1, max_length=128,
+                                                  pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")]
+IdStr = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+NameStr = Annotated[str, StringConstraints(max_length=200)]
+PromptStr = Annotated[str, StringConstraints(max_length=200_000)]
+
+
+# ---- request data ----------------------------------------------------------------------------
+
+class RequestData(InboundModel):
+    request_id: IdStr
+
+
+class ContainerCreateRequest(RequestData):
+    container_id: ContainerIdStr
+
+
+class ContainerGetRequest(RequestData):
+    container_id: ContainerIdStr
+
+
+class ContainerListRequest(RequestData):
+    pass
+
+
+class McpServerConfig(InboundModel):
+    type: str | None = None
+    command: str | None = None
+    args: list[str] | None = None
+    env: dict[str, str] | None = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+
+
+class ImageConfig(InboundModel):
+    name: NameStr | None = None
+    description: Annotated[str, StringConstraints(max_length=2000)] | None = None
+    system_prompt: PromptStr | None = None
+    mcp_servers: dict[str, McpServerConfig] | None = None
+    model: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=200_000)] | None = None
+
+
+class ImageCreateRequest(RequestData):
+    container_id: ContainerIdStr
+    config: ImageConfig
+
+
+class ImageIdRequest(RequestData):
+    image_id: IdStr
+
+
+class ImageRunRequest(ImageIdRequest):
+    pass
+
+
+class ImageStopRequest(ImageIdRequest):
+    pass
+
+
+class ImageUpdates(InboundModel):
+    name: NameStr | None = None
+    description: Annotated[str, StringConstraints(max_length=2000)] | None = None
+
+
+class ImageUpdateRequest(ImageIdRequest):
+    updates: ImageUpdates
+
+
+class ImageListRequest(RequestData):
+    container_id: ContainerIdStr | None = None
+
+
+class ImageGetRequest(ImageIdRequest):
+    pass
+
+
+class ImageDeleteRequest(ImageIdRequest):
+    pass
+
+
+class ImageMessagesRequest(ImageIdRequest):
+    pass
+
+
+class MessageSendRequest(RequestData):
+    image_id: IdStr | None = None
+    agent_id: IdStr | None = None
+    content: UserContent
+
+    @field_validator("content")
+    @classmethod
+    def _not_empty(cls, v: Any) -> Any:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("must not be empty")
+        if isinstance(v, list) and not v:
+            raise ValueError("must contain at least one part")
+        return v
+
+
+class AgentInterruptRequest(RequestData):
+    image_id: IdStr | None = None
+    agent_id: IdStr | None = None
+
+
+class AgentIdRequest(RequestData):
+    agent_id: IdStr
+
+
+class AgentGetRequest(AgentIdRequest):
+    pass
+
+
+class AgentListRequest(RequestData):
+    container_id: ContainerIdStr
+
+
+class AgentDestroyRequest(AgentIdRequest):
+    pass
+
+
+class AgentDestroyAllRequest(RequestData):
+    container_id: ContainerIdStr
+
+
+COMMANDS: dict[str, type[RequestData]] = {
+    "container_create": ContainerCreateRequest,
+    "container_get": ContainerGetRequest,
+    "container_list": ContainerListRequest,
+    "image_create": ImageCreateRequest,
+    "image_run": ImageRunRequest,
+    "image_stop": ImageStopRequest,
+    "image_update": ImageUpdateRequest,
+    "image_list": ImageListRequest,
+    "image_get": ImageGetRequest,
+    "image_delete": ImageDeleteRequest,
+    "image_messages": ImageMessagesRequest,
+    "message_send": MessageSendRequest,
+    "agent_interrupt": AgentInterruptRequest,
+    "agent_get": AgentGetRequest,
+    "agent_list": AgentListRequest,
+    "agent_destroy": AgentDestroyRequest,
+    "agent_destroy_all": AgentDestroyAllRequest,
+}
+
+
+# ---- response data ---------------------------------------------------------------------------
+
+class ImageListItem(WireModel):
+    image_id: str
+    container_id: str
+    session_id: str
+    name: str
+    description: str | None = None
+    system_prompt: str | None = None
+    created_at: int
+    updated_at: int
+    online: bool
+    agent_id: str | None = None
+
+
+class ResponseData(WireModel):
+    request_id: str
+    error: str | None = None
+    # AgentVM extension: a stable machine-readable code next to the human `error` text.
+    error_code: str | None = None
+
+
+class ContainerCreateResponse(ResponseData):
+    container_id: str | None = None
+
+
+class ContainerGetResponse(ResponseData):
+    container_id: str | None = None
+    exists: bool = False
+
+
+class ContainerListResponse(ResponseData):
+    container_ids: list[str] = Field(default_factory=list)
+
+
+class ImageCreateResponse(ResponseData):
+    record: ImageListItem | None = None
+    subscriptions: list[str] | None = Field(default=None, alias="__subscriptions")
+
+
+class ImageRunResponse(ResponseData):
+    image_id: str | None = None
+    agent_id: str = ""
+    reused: bool = False
+
+
+class ImageStopResponse(ResponseData):
+    image_id: str | None = None
+
+
+class ImageUpdateResponse(ResponseData):
+    record: ImageListItem | None = None
+
+
+class ImageListResponse(ResponseData):
+    records: list[ImageListItem] = Field(default_factory=list)
+    subscriptions: list[str] | None = Field(default=None, alias="__subscriptions")
+
+
+class ImageGetResponse(ResponseData):
+    record: ImageListItem | None = None
+    subscriptions: list[str] | None = Field(default=None, alias="__subscriptions")
+
+
+class ImageDeleteResponse(ResponseData):
+    image_id: str | None = None
+
+
+class ImageMessagesResponse(ResponseData):
+    image_id: str | None = None
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class MessageSendResponse(ResponseData):
+    image_id: str | None = None
+    agent_id: str = ""
+
+
+class AgentInterruptResponse(ResponseData):
+    image_id: str | None = None
+    agent_id: str | None = None
+
+
+class AgentGetResponse(ResponseData):
+    agent_id: str | None = None
+    container_id: str | None = None
+    exists: bool = False
+
+
+class AgentRef(WireModel):
+    agent_id: str
+    container_id: str
+    image_id: str
+
+
+class AgentListResponse(ResponseData):
+    agents: list[AgentRef] = Field(default_factory=list)
+
+
+class AgentDestroyResponse(ResponseData):
+    agent_id: str | None = None
+    success: bool = False
+
+
+class AgentDestroyAllResponse(ResponseData):
+    container_id: str | None = None
+
+
+RESPONSES: dict[str, type[ResponseData]] = {
+    "container_create": ContainerCreateResponse,
+    "container_get": ContainerGetResponse,
+    "container_list": ContainerListResponse,
+    "image_create": ImageCreateResponse,
+    "image_run": ImageRunResponse,
+    "image_stop": ImageStopResponse,
+    "image_update": ImageUpdateResponse,
+    "image_list": ImageListResponse,
+    "image_get": ImageGetResponse,
+    "image_delete": ImageDeleteResponse,
+    "image_messages": ImageMessagesResponse,
+    "message_send": MessageSendResponse,
+    "agent_interrupt": AgentInterruptResponse,
+    "agent_get": AgentGetResponse,
+    "agent_list": AgentListResponse,
+    "agent_destroy": AgentDestroyResponse,
+    "agent_destroy_all": AgentDestroyAllResponse,
+}
+
+# Fields that the reference fills with fallbacks on a failed response (spec §2.3).
+ERROR_FALLBACKS: dict[str, dict[str, Any]] = {
+    "image_run": {"agent_id": "", "reused": False},
+    "image_list": {"records": []},
+    "image_messages": {"messages": []},
+    "message_send": {"agent_id": ""},
+    "agent_destroy": {"success": False},
+}

@@ -1,0 +1,62 @@
+"""Agents: activation records of images. Creating one announces `agent_registered`; destroying one
+interrupts its turn and announces `session_destroyed` and `agent_unregistered`."""
+
+from __future__ import annotations
+
+from agentvm.domain.models import Agent, Image, Principal
+from agentvm.ids import agent_id, now_ms
+from agentvm.protocol.envelope import encode, event
+from agentvm.services.deps import Deps
+from agentvm.services.sessions import SessionRegistry
+
+
+class AgentService:
+    def __init__(self, deps: Deps, sessions: SessionRegistry) -> None:
+        self.deps = deps
+        self.sessions = sessions
+
+    async def ensure(self, p: Principal, image: Image) -> tuple[Agent, bool]:
+        """The image's agent, created if it has none; True when it was created now."""
+        store = self.deps.store
+        existing = await store.get_agent_for_image(p.tenant_id, image.image_id)
+        if existing is not None:
+            return existing, False
+        ts = now_ms()
+        wanted = Agent(p.tenant_id, agent_id(), image.image_id, image.container_id, image.name, ts)
+        agent = await store.put_agent(wanted)
+        created = agent.agent_id == wanted.agent_id
+        if created:
+            self.deps.fanout.to_container(p.tenant_id, agent.container_id, encode(event(
+                "agent_registered",
+                {"containerId": agent.container_id, "agentId": agent.agent_id, "definitionName": image.name,
+                 "registeredAt": ts},
+                {"containerId": agent.container_id, "agentId": agent.agent_id})))
+        actor = self.sessions.get(image.session_id)
+        if actor is not None:
+            actor.set_agent(agent.agent_id)
+        return agent, created
+
+    async def destroy(self, p: Principal, agent: Agent, image: Image | None) -> bool:
+        store = self.deps.store
+        if not await store.delete_agent(p.tenant_id, agent.agent_id):
+            return False
+        if image is not None:
+            actor = await self.sessions.actor_for(image, None)
+            await actor.stop(reason="The agent was stopped.")
+            actor.channel.context["agentId"] = agent.agent_id
+            actor.channel.publish("session_destroyed", {"sessionId": image.session_id, "agentId": agent.agent_id,
+                                                        "containerId": agent.container_id})
+            await actor.flush()
+        self.deps.fanout.to_container(p.tenant_id, agent.container_id, encode(event(
+            "agent_unregistered", {"containerId": agent.container_id, "agentId": agent.agent_id},
+            {"containerId": agent.container_id, "agentId": agent.agent_id})))
+        return True
+
+    async def get(self, p: Principal, agent_id_: str) -> Agent | None:
+        return await self.deps.store.get_agent(p.tenant_id, agent_id_)
+
+    async def list(self, p: Principal, container_id: str | None) -> list[Agent]:
+        return await self.deps.store.list_agents(p.tenant_id, container_id)
+
+    async def get_for_image(self, p: Principal, image: Image) -> Agent | None:
+        return await self.deps.store.get_agent_for_image(p.tenant_id, image.image_id)

@@ -1,0 +1,20 @@
+"""All services over one set of ports."""
+
+from __future__ import annotations
+
+from agentvm.services.agents import AgentService
+from agentvm.services.containers import ContainerService
+from agentvm.services.deps import Deps
+from agentvm.services.images import ImageService
+from agentvm.services.sessions import SessionRegistry
+from agentvm.services.turns import TurnService
+
+
+class Services:
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+        self.sessions = SessionRegistry(deps)
+        self.containers = ContainerService(deps)
+        self.agents = AgentService(deps, self.sessions)
+        self.images = ImageService(deps, self.sessions, self.containers, self.agents)
+        self.turns = TurnService(deps, self.sessions, self.images, self.agents)

@@ -1,0 +1,91 @@
+"""Images: built definitions with their primary session. The config is frozen at build time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentvm.domain.models import Agent, Image, Principal, Session, StoredMessage
+from agentvm.engine.context import conversation_order
+from agentvm.errors import NotFound
+from agentvm.ids import image_id, now_ms, session_id
+from agentvm.protocol.commands import ImageConfig, ImageListItem
+from agentvm.services.agents import AgentService
+from agentvm.services.containers import ContainerService
+from agentvm.services.deps import Deps
+from agentvm.services.sessions import SessionRegistry
+
+DEFAULT_IMAGE_NAME = "New Conversation"
+
+
+def list_item(image: Image, agent: Agent | None) -> ImageListItem:
+    item = ImageListItem(image_id=image.image_id, container_id=image.container_id, session_id=image.session_id,
+                         name=image.name, created_at=image.created_at, updated_at=image.updated_at,
+                         online=agent is not None)
+    if image.description is not None:
+        item.description = image.description
+    if image.system_prompt is not None:
+        item.system_prompt = image.system_prompt
+    if agent is not None:
+        item.agent_id = agent.agent_id
+    return item
+
+
+class ImageService:
+    def __init__(self, deps: Deps, sessions: SessionRegistry, containers: ContainerService,
+                 agents: AgentService) -> None:
+        self.deps = deps
+        self.sessions = sessions
+        self.containers = containers
+        self.agents = agents
+
+    async def create(self, p: Principal, container_id: str, config: ImageConfig) -> Image:
+        await self.containers.ensure(p, container_id)
+        ts = now_ms()
+        snapshot: dict[str, Any] = {}
+        if config.model:
+            snapshot["model"] = config.model
+        if config.max_tokens:
+            snapshot["maxTokens"] = config.max_tokens
+        if config.mcp_servers:
+            snapshot["mcpServers"] = {k: v.model_dump(exclude_none=True) for k, v in config.mcp_servers.items()}
+        image = Image(p.tenant_id, image_id(), container_id, session_id(), config.name or DEFAULT_IMAGE_NAME,
+                      ts, ts, config.description, config.system_prompt, snapshot)
+        await self.deps.store.create_image(image, Session(p.tenant_id, image.session_id, image.image_id,
+                                                           container_id, ts, ts))
+        return image
+
+    async def get(self, p: Principal, image_id_: str) -> Image | None:
+        return await self.deps.store.get_image(p.tenant_id, image_id_)
+
+    async def require(self, p: Principal, image_id_: str) -> Image:
+        image = await self.deps.store.get_image(p.tenant_id, image_id_)
+        if image is None:
+            raise NotFound(f"Image not found: {image_id_}", field="imageId")
+        return image
+
+    async def item(self, p: Principal, image: Image) -> ImageListItem:
+        return list_item(image, await self.deps.store.get_agent_for_image(p.tenant_id, image.image_id))
+
+    async def list_items(self, p: Principal, container_id: str | None) -> list[ImageListItem]:
+        store = self.deps.store
+        images = await store.list_images(p.tenant_id, container_id)
+        agents = {a.image_id: a for a in await store.list_agents(p.tenant_id, container_id)}
+        return [list_item(i, agents.get(i.image_id)) for i in images]
+
+    async def update(self, p: Principal, image_id_: str, name: str | None, description: str | None) -> Image:
+        image = await self.deps.store.update_image(p.tenant_id, image_id_, name=name, description=description,
+                                                   updated_at=now_ms())
+        if image is None:
+            raise NotFound(f"Image not found: {image_id_}", field="imageId")
+        return image
+
+    async def delete(self, p: Principal, image: Image) -> None:
+        agent = await self.deps.store.get_agent_for_image(p.tenant_id, image.image_id)
+        if agent is not None:
+            await self.agents.destroy(p, agent, image)
+        await self.sessions.forget(image.session_id)
+        await self.deps.store.delete_image(p.tenant_id, image.image_id)
+
+    async def messages(self, p: Principal, image_id_: str) -> list[StoredMessage]:
+        image = await self.require(p, image_id_)
+        return conversation_order(await self.deps.store.list_messages(p.tenant_id, image.session_id))

@@ -1,0 +1,102 @@
+"""The registry of session actors, and subscriptions with `afterSeq` replay."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from agentvm.domain.models import Image, LoggedEvent
+from agentvm.engine.channel import SessionChannel
+from agentvm.errors import NotFound
+from agentvm.services.deps import Deps
+from agentvm.services.session_actor import SessionActor
+
+log = logging.getLogger(__name__)
+
+
+def session_context(image: Image, agent_id: str | None) -> dict[str, str]:
+    ctx = {"containerId": image.container_id, "imageId": image.image_id, "sessionId": image.session_id}
+    if agent_id:
+        ctx["agentId"] = agent_id
+    return ctx
+
+
+class SessionRegistry:
+    def __init__(self, deps: Deps, *, idle_evict_s: float = 300.0) -> None:
+        self.deps = deps
+        self.idle_evict_s = idle_evict_s
+        self._actors: dict[str, SessionActor] = {}
+        self._opening: dict[str, asyncio.Future[SessionActor]] = {}
+
+    def get(self, session_id: str) -> SessionActor | None:
+        return self._actors.get(session_id)
+
+    def __len__(self) -> int:
+        return len(self._actors)
+
+    async def actor_for(self, image: Image, agent_id: str | None) -> SessionActor:
+        sid = image.session_id
+        actor = self._actors.get(sid)
+        if actor is not None:
+            if agent_id:
+                actor.set_agent(agent_id)
+            return actor
+        pending = self._opening.get(sid)
+        if pending is not None:
+            actor = await asyncio.shield(pending)
+        else:
+            fut: asyncio.Future[SessionActor] = asyncio.get_running_loop().create_future()
+            self._opening[sid] = fut
+            try:
+                channel = await SessionChannel.open(store=self.deps.store, fanout=self.deps.fanout,
+                                                    tenant_id=image.tenant_id, session_id=sid,
+                                                    context=session_context(image, agent_id))
+                actor = SessionActor(self.deps, image, channel)
+                self._actors[sid] = actor
+                fut.set_result(actor)
+            except BaseException as exc:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: waiters re-raise it
+                raise
+            finally:
+                del self._opening[sid]
+        if agent_id:
+            actor.set_agent(agent_id)
+        return actor
+
+    async def subscribe(self, tenant_id: str, connection_id: str, session_id: str, after_seq: int | None) -> None:
+        session = await self.deps.store.get_session(tenant_id, session_id)
+        if session is None:
+            raise NotFound(f"Session not found: {session_id}")
+        store = self.deps.store
+
+        async def source(after_seq: int) -> list[LoggedEvent]:
+            stored = await store.read_events(tenant_id, session_id, after_seq)
+            actor = self._actors.get(session_id)
+            tail = actor.replay_tail(after_seq) if actor else []
+            return stored + tail
+
+        await self.deps.fanout.subscribe(connection_id, session_id, session.container_id, after_seq, source)
+
+    async def forget(self, session_id: str) -> None:
+        actor = self._actors.pop(session_id, None)
+        if actor is not None:
+            await actor.stop(reason="The image was deleted.")
+
+    async def evict_idle(self) -> int:
+        """Drop actors idle for a while; they are recreated on demand."""
+        cutoff = time.monotonic() - self.idle_evict_s
+        stale = [sid for sid, a in self._actors.items() if a.idle and a.last_used < cutoff]
+        for sid in stale:
+            del self._actors[sid]
+        return len(stale)
+
+    async def shutdown(self) -> None:
+        actors = list(self._actors.values())
+        await asyncio.gather(*(a.stop(reason="The server stopped.") for a in actors), return_exceptions=True)
+        for a in actors:
+            try:
+                await a.flush()
+            except Exception:
+                log.exception("could not persist session events at shutdown")

@@ -1,0 +1,1 @@
+"""Test support: a stock-like AgentX client and server runners."""

@@ -1,0 +1,130 @@
+"""Run AgentVM for tests: in-process (uvicorn in the test's loop) or as a real `avm serve` process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from agentvm.config import Settings
+from agentvm.ports import Driver
+from avm.app import Runtime, build_runtime, uvicorn_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class InProcess:
+    runtime: Runtime
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def in_process(data_dir: Path, *, driver: Driver | None = None, **settings: Any) -> AsyncIterator[InProcess]:
+    port = free_port()
+    cfg = Settings(host="127.0.0.1", port=port, data_dir=data_dir, **settings)
+    rt = build_runtime(cfg, driver=driver)
+    config = uvicorn_config(rt)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.get_running_loop().create_task(server.serve())
+    for _ in range(500):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()
+    try:
+        yield InProcess(rt, port)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+
+
+@dataclass
+class ServeProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_serve(data_dir: Path, *args: str, env: dict[str, str] | None = None,
+                port: int | None = None, timeout: float = 20.0) -> ServeProcess:
+    """Start `avm serve` as a real process and wait until /health answers."""
+    port = port or free_port()
+    log_path = data_dir.parent / f"serve-{port}-{time.monotonic_ns()}.log"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("AVM_", "LLM_", "ANTHROPIC_"))}
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "avm.cli", "serve", "--port", str(port), "--data-dir", str(data_dir), *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
+    sp = ServeProcess(proc, port, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"avm serve exited with {proc.returncode}:\n{sp.log()}")
+        try:
+            if httpx.get(f"{sp.http}/health", timeout=0.5).status_code == 200:
+                return sp
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    stop_serve(sp)
+    raise RuntimeError(f"avm serve did not start:\n{sp.log()}")
+
+
+def stop_serve(sp: ServeProcess, *, kill: bool = False) -> int:
+    if sp.proc.poll() is None:
+        sp.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            sp.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            sp.proc.kill()
+            sp.proc.wait(5)
+    return int(sp.proc.returncode)
+
+
+@contextlib.contextmanager
+def serve(data_dir: Path, *args: str, **kwargs: Any) -> Iterator[ServeProcess]:
+    sp = start_serve(data_dir, *args, **kwargs)
+    try:
+        yield sp
+    finally:
+        stop_serve(sp)
