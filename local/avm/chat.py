@@ -32,6 +32,7 @@ from agentvm.client import (
     RequestFailed,
     RequestTimeout,
 )
+from agentvm.config import ClientSettings
 
 DEFAULT_URL = "ws://127.0.0.1:8080/ws"
 _INTERRUPT_TIMEOUT_S = 10.0
@@ -57,8 +58,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="chat with an agent in the terminal",
         description="Chat with an agent over the AgentX WebSocket protocol. " + _HELP,
     )
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"WebSocket URL (default: {DEFAULT_URL})")
-    parser.add_argument("--token", default=os.environ.get("AVM_TOKEN"),
+    env = ClientSettings()
+    parser.add_argument("--url", default=env.url, help=f"WebSocket URL (default: $AVM_URL or {DEFAULT_URL})")
+    parser.add_argument("--token", default=env.token.get_secret_value() if env.token else None,
                         help="API key sent as a Bearer token (default: $AVM_TOKEN)")
     parser.add_argument("--container", default=_default_container(),
                         help="container for a new image (default: user-<login name>)")

@@ -50,3 +50,12 @@ class Settings(BaseSettings):
 
     def blob_dir(self) -> Path:
         return self.data_dir / "blobs"
+
+
+class ClientSettings(BaseSettings):
+    """Settings of the `avm` client commands (`avm chat`)."""
+
+    model_config = SettingsConfigDict(env_prefix="AVM_", extra="ignore")
+
+    url: str = Field("ws://127.0.0.1:8080/ws", description="WebSocket URL of the server.")
+    token: SecretStr | None = Field(None, description="API key sent as a Bearer token.")

@@ -12,9 +12,8 @@ import pytest
 
 from tests.support.stock_client import StockClient
 
+# `../shared/` beside the repository holds the recorded reference traffic.
 TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "protocol" / "agentx-transcripts"
-if not TRANSCRIPTS.exists():  # a clone checked out elsewhere: shared/ is beside the repository
-    TRANSCRIPTS = Path(__file__).resolve().parents[2].parent / "shared" / "protocol" / "agentx-transcripts"
 
 
 def reference_events(name: str) -> list[dict[str, Any]]:

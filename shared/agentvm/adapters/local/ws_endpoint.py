@@ -16,7 +16,6 @@ from agentvm.ids import connection_id
 
 log = logging.getLogger(__name__)
 
-POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
 
 
@@ -35,13 +34,33 @@ class WebSocketEndpoint:
         await ws.accept()
         conn = Connection(connection_id(), principal.tenant_id, max_queue=self.max_queue, wrap=self.wrap)
         self.hub.register(conn)
-        pump = asyncio.get_running_loop().create_task(self._pump(ws, conn))
+        loop = asyncio.get_running_loop()
+        pump = loop.create_task(self._pump(ws, conn))
+        reader = loop.create_task(self._read(ws, conn, principal))
+        # A client that stops reading blocks the pump on a full socket: closing the connection
+        # (queue overflow) cancels the pump at once, and whichever task ends first ends both.
+        conn.on_close = pump.cancel
         log.debug("connection opened", extra={"connection_id": conn.id})
         try:
-            while not conn.closed:
+            await asyncio.wait({pump, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.hub.unregister(conn)
+            for task in (pump, reader):
+                task.cancel()
+            await asyncio.gather(pump, reader, return_exceptions=True)
+            log.debug("connection closed", extra={"connection_id": conn.id, "reason": conn.close_reason})
+        if conn.close_reason == OVERFLOW_REASON:
+            log.warning("closed a connection that stopped reading", extra={"connection_id": conn.id})
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.close(code=TRY_AGAIN_LATER, reason=OVERFLOW_REASON), 2)
+
+    async def _read(self, ws: WebSocket, conn: Connection, principal: Principal) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(WebSocketDisconnect):
+            while True:
                 msg = await ws.receive()
                 if msg["type"] == "websocket.disconnect":
-                    break
+                    return
                 data = msg.get("text")
                 if data is None:
                     data = msg.get("bytes")
@@ -49,28 +68,16 @@ class WebSocketEndpoint:
                     continue
                 # Requests run concurrently (spec §2.1); their tasks outlive a disconnect so that an
                 # accepted message is always stored and its turn always runs.
-                task = asyncio.get_running_loop().create_task(self.router.handle_frame(principal, conn.id, data))
+                task = loop.create_task(self.router.handle_frame(principal, conn.id, data))
                 self._inflight.add(task)
                 task.add_done_callback(self._inflight.discard)
-        except WebSocketDisconnect:
-            pass
-        finally:
-            self.hub.unregister(conn)
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
-            log.debug("connection closed", extra={"connection_id": conn.id})
 
-    async def _pump(self, ws: WebSocket, conn: Connection) -> None:
+    @staticmethod
+    async def _pump(ws: WebSocket, conn: Connection) -> None:
         try:
             await conn.pump(ws.send_text)
         except Exception:
             conn.close("send failed")
-            return
-        if conn.close_reason == OVERFLOW_REASON:
-            log.warning("closing slow connection", extra={"connection_id": conn.id})
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ws.close(code=TRY_AGAIN_LATER, reason=OVERFLOW_REASON), 5)
 
     async def drain(self, timeout: float = 10.0) -> None:
         """Wait for requests still being handled (graceful shutdown)."""

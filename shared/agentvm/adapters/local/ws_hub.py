@@ -21,7 +21,7 @@ OVERFLOW_REASON = "send queue overflow: the client is not reading"
 
 class Connection:
     __slots__ = ("_counter", "_replaying", "_wake", "close_reason", "closed", "containers", "id", "max_queue",
-                 "queue", "seen", "tenant_id", "wrap")
+                 "on_close", "queue", "seen", "tenant_id", "wrap")
 
     def __init__(self, connection_id: str, tenant_id: str, *, max_queue: int, wrap: bool = True) -> None:
         self.id = connection_id
@@ -37,6 +37,8 @@ class Connection:
         self._replaying: dict[str, list[tuple[int, str]]] = {}
         self._counter = 0
         self._wake = asyncio.Event()
+        # Called once when the connection closes (the transport stops a pump blocked on a full socket).
+        self.on_close: Callable[[], object] | None = None
 
     def push(self, payload: str) -> None:
         if self.closed:
@@ -56,6 +58,8 @@ class Connection:
             self.close_reason = reason
             self.queue.clear()
             self._wake.set()
+            if self.on_close is not None:
+                self.on_close()
 
     async def pump(self, send: Callable[[str], Awaitable[None]]) -> None:
         """Write queued frames in order until the connection closes."""
