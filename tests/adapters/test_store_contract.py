@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.domain.models import (
     Agent,
@@ -23,15 +25,26 @@ from agentvm.domain.models import (
 )
 from agentvm.ports import Store
 
-FACTORIES: dict[str, Callable[[Path], Store]] = {
-    "sqlite": lambda d: SqliteStore(d / "agentvm.db"),
+
+def _dynamodb(_: Path, request: pytest.FixtureRequest) -> Store:
+    """A fresh table per test on the session's moto server (see conftest.py)."""
+    request.getfixturevalue("aws_env")
+    return DynamoDBStore(f"agentvm-{uuid.uuid4().hex[:16]}", session=request.getfixturevalue("aws_session"),
+                         endpoint_url=request.getfixturevalue("moto_endpoint"))
+
+
+FACTORIES: dict[str, Callable[[Path, pytest.FixtureRequest], Store]] = {
+    "sqlite": lambda d, _request: SqliteStore(d / "agentvm.db"),
+    "dynamodb": _dynamodb,
 }
 
 
 @pytest.fixture(params=sorted(FACTORIES))
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s = FACTORIES[request.param](tmp_path)
+    s = FACTORIES[request.param](tmp_path, request)
     await s.open()
+    if isinstance(s, DynamoDBStore):
+        await s.create_table()
     yield s
     await s.close()
 

@@ -20,6 +20,8 @@ import anthropic
 import pytest
 
 from agentvm.domain.models import Usage
+from agentvm.drivers import anthropic_lite
+from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
 from agentvm.drivers.anthropic_sdk import AnthropicDriver
 from agentvm.drivers.base import (
     DriverEvent,
@@ -31,6 +33,7 @@ from agentvm.drivers.base import (
     ToolUseStart,
     ToolUseStop,
 )
+from agentvm.drivers.sse import SSEEvent, SSEParser, aiter_sse
 from agentvm.errors import UpstreamError
 from agentvm.ports import Driver
 from tests.fakes.fake_anthropic import (
@@ -57,7 +60,12 @@ def _anthropic_sdk(base_url: str, timeout_s: float) -> Driver:
     return AnthropicDriver(API_KEY, base_url=base_url, timeout_s=timeout_s, max_retries=0)
 
 
-_FACTORIES: dict[str, Callable[[str, float], Driver]] = {"anthropic_sdk": _anthropic_sdk}
+def _anthropic_lite(base_url: str, timeout_s: float) -> Driver:
+    return AnthropicLiteDriver(API_KEY, base_url=base_url, timeout_s=timeout_s, max_retries=0)
+
+
+_FACTORIES: dict[str, Callable[[str, float], Driver]] = {"anthropic_sdk": _anthropic_sdk,
+                                                         "anthropic_lite": _anthropic_lite}
 
 
 @pytest.fixture(params=sorted(_FACTORIES))
@@ -375,6 +383,283 @@ async def test_sdk_client_is_created_lazily_and_reused(fake: FakeAnthropic) -> N
     finally:
         await driver.aclose()
     assert len(fake.requests) == 2
+
+
+# --- lite driver specifics -------------------------------------------------------------------
+
+def _lite(base_url: str, *, max_retries: int = 2, timeout_s: float = 10.0) -> AnthropicLiteDriver:
+    return AnthropicLiteDriver(API_KEY, base_url=base_url, timeout_s=timeout_s, max_retries=max_retries)
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The lite driver's backoff sleeps, recorded instead of slept."""
+    recorded: list[float] = []
+
+    async def fake_sleep(delay: float) -> None:
+        recorded.append(delay)
+
+    monkeypatch.setattr(anthropic_lite, "_sleep", fake_sleep)
+    return recorded
+
+
+async def test_lite_client_is_created_lazily_reused_and_keeps_the_connection(fake: FakeAnthropic) -> None:
+    driver = _lite(fake.base_url + "/")
+    assert driver.name == "anthropic"
+    assert repr(driver) == f"AnthropicLiteDriver(base_url='{fake.base_url}/')"
+    try:
+        assert driver._client is None
+        await _collect(driver)
+        client = driver._client
+        assert client is not None
+        pool = client._transport._pool  # type: ignore[attr-defined]
+        first_connections = list(pool.connections)
+        await _collect(driver)
+        assert driver._client is client
+        # The first stream was drained to its end, so its keep-alive connection served the second.
+        assert len(first_connections) == 1
+        assert list(pool.connections) == first_connections
+    finally:
+        await driver.aclose()
+    assert driver._client is None
+    assert [(r.method, r.path) for r in fake.requests] == [("POST", "/v1/messages")] * 2
+
+
+async def test_lite_sends_the_api_key_and_version_headers(fake: FakeAnthropic) -> None:
+    driver = AnthropicLiteDriver(API_KEY, base_url=fake.base_url, anthropic_version="2099-01-01")
+    try:
+        await _collect(driver)
+    finally:
+        await driver.aclose()
+
+    headers = fake.last_request.headers
+    assert headers["x-api-key"] == API_KEY
+    assert headers["anthropic-version"] == "2099-01-01"
+    assert headers["content-type"] == "application/json"
+    assert "authorization" not in headers
+
+
+def test_lite_makes_a_new_client_for_a_new_event_loop(fake: FakeAnthropic) -> None:
+    driver = _lite(fake.base_url)
+    clients: list[object] = []
+
+    async def call() -> list[DriverEvent]:
+        events = await _collect(driver)
+        client = driver._client
+        assert client is not None
+        clients.append(client)
+        await client.aclose()  # behind the driver's back: reusing this client would now fail
+        return events
+
+    first = asyncio.run(call())
+    second = asyncio.run(call())  # a new loop: the driver does not reuse the first loop's client
+    asyncio.run(driver.aclose())  # the client of a finished loop is dropped, not closed from here
+
+    assert first[-1] == second[-1] == MessageStop("end_turn", Usage(10, 5, 0, 0))
+    assert clients[0] is not clients[1]
+    assert driver._client is None
+    assert len(fake.requests) == 2
+
+
+async def test_lite_retries_a_429_after_its_retry_after(fake: FakeAnthropic, sleeps: list[float]) -> None:
+    fake.enqueue(ErrorReply.rate_limit(retry_after_s=0), Reply([Text(["after ", "retry"])], message_id="msg_r"))
+    driver = _lite(fake.base_url)
+    try:
+        events = await _collect(driver)
+    finally:
+        await driver.aclose()
+
+    assert events == [MessageStart("msg_r", MODEL, Usage(10, 1, 0, 0)), TextDelta("after "), TextDelta("retry"),
+                      MessageStop("end_turn", Usage(10, 5, 0, 0))]
+    assert len(fake.requests) == 2
+    assert sleeps == [0.0]
+
+
+async def test_lite_gives_up_after_max_retries(fake: FakeAnthropic, sleeps: list[float]) -> None:
+    fake.enqueue(*[ErrorReply.overloaded("Overloaded")] * 3, Reply())
+    driver = _lite(fake.base_url, max_retries=2)
+    try:
+        events, exc = await _collect_until_error(driver)
+    finally:
+        await driver.aclose()
+
+    assert events == []
+    assert (exc.code, exc.retryable, exc.message) == ("overloaded_error", True, "Overloaded")
+    assert len(fake.requests) == 3
+    assert fake.pending == 1
+    # Jittered exponential backoff: 0.5 s then 1 s, each less up to 25 %.
+    assert len(sleeps) == 2
+    assert 0.375 <= sleeps[0] <= 0.5
+    assert 0.75 <= sleeps[1] <= 1.0
+    assert exc.__cause__ is None and exc.__suppress_context__
+    _assert_no_key(exc)
+
+
+@pytest.mark.parametrize("interrupt", [
+    Interrupt(1, "error", "overloaded_error", "Overloaded"),
+    Interrupt(1, "disconnect"),
+    Interrupt(1, "truncate"),
+], ids=["error-event", "disconnect", "truncate"])
+async def test_lite_never_retries_once_an_event_was_yielded(fake: FakeAnthropic, sleeps: list[float],
+                                                           interrupt: Interrupt) -> None:
+    fake.enqueue(Reply([Text(["one", "two"])], message_id="msg_i", interrupt=interrupt), Reply())
+    driver = _lite(fake.base_url, max_retries=2)
+    try:
+        events, exc = await _collect_until_error(driver)
+    finally:
+        await driver.aclose()
+
+    assert events == [MessageStart("msg_i", MODEL, Usage(10, 1, 0, 0)), TextDelta("one")]
+    assert exc.retryable is True
+    assert exc.code == ("overloaded_error" if interrupt.kind == "error" else "connection_error")
+    assert len(fake.requests) == 1
+    assert sleeps == []
+
+
+@pytest.mark.parametrize("reply", [
+    ErrorReply.invalid_request("messages: Field required"),
+    ErrorReply(401, "authentication_error", "invalid x-api-key"),
+    ErrorReply(529, "overloaded_error", "Overloaded", {"x-should-retry": "false"}),
+], ids=["400", "401", "x-should-retry-false"])
+async def test_lite_does_not_retry_what_it_must_not(fake: FakeAnthropic, sleeps: list[float],
+                                                   reply: ErrorReply) -> None:
+    fake.enqueue(reply, Reply())
+    driver = _lite(fake.base_url, max_retries=2)
+    try:
+        _, exc = await _collect_until_error(driver)
+    finally:
+        await driver.aclose()
+
+    assert (exc.code, exc.message) == (reply.error_type, reply.message)
+    assert len(fake.requests) == 1
+    assert sleeps == []
+
+
+async def test_lite_retries_connection_errors(sleeps: list[float]) -> None:
+    driver = _lite(f"http://127.0.0.1:{_free_port()}", max_retries=3)
+    try:
+        events, exc = await _collect_until_error(driver)
+    finally:
+        await driver.aclose()
+
+    assert events == []
+    assert (exc.code, exc.retryable) == ("connection_error", True)
+    assert len(sleeps) == 3
+    _assert_no_key(exc)
+
+
+async def test_lite_retries_a_timeout(fake: FakeAnthropic, sleeps: list[float]) -> None:
+    fake.enqueue(Reply(delay_s=2.0), Reply([Text("late but fine")]))
+    driver = _lite(fake.base_url, max_retries=1, timeout_s=0.3)
+    try:
+        events = await _collect(driver)
+    finally:
+        await driver.aclose()
+
+    assert [e for e in events if isinstance(e, TextDelta)] == [TextDelta("late but fine")]
+    assert len(fake.requests) == 2
+    assert len(sleeps) == 1
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({}, None),
+    ({"retry-after": "0"}, 0.0),
+    ({"retry-after": "2.5"}, 2.5),
+    ({"retry-after-ms": "250", "retry-after": "3"}, 0.25),
+    ({"retry-after-ms": "soon", "retry-after": "3"}, 3.0),
+    ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, None),
+    ({"retry-after": "-1"}, None),
+    ({"retry-after": "nan"}, None),
+])
+def test_lite_retry_after_parsing(headers: dict[str, str], expected: float | None) -> None:
+    assert anthropic_lite.retry_after_s(headers) == expected
+
+
+def test_lite_retry_delay() -> None:
+    assert anthropic_lite.retry_delay_s(0, 0.0) == 0.0
+    assert anthropic_lite.retry_delay_s(3, 1.5) == 1.5
+    assert anthropic_lite.retry_delay_s(0, 120.0) == 8.0  # retry-after is capped
+    for retries_done, nominal in [(0, 0.5), (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (10, 8.0)]:
+        for _ in range(50):
+            assert nominal * 0.75 <= anthropic_lite.retry_delay_s(retries_done, None) <= nominal
+
+
+async def test_lite_429_retry_honours_the_capped_retry_after(fake: FakeAnthropic, sleeps: list[float]) -> None:
+    fake.enqueue(ErrorReply(429, "rate_limit_error", "slow down", {"retry-after": "30"}), Reply())
+    driver = _lite(fake.base_url, max_retries=1)
+    try:
+        events = await _collect(driver)
+    finally:
+        await driver.aclose()
+
+    assert isinstance(events[-1], MessageStop)
+    assert sleeps == [8.0]
+
+
+def test_lite_request_body() -> None:
+    tools = [{"name": "f", "input_schema": {"type": "object"}}]
+    assert anthropic_lite.request_body(_request(system="S", tools=tools, temperature=0.0)) == {
+        "model": MODEL, "max_tokens": 256, "messages": [{"role": "user", "content": "Hi"}], "system": "S",
+        "tools": tools, "temperature": 0.0, "stream": True}
+
+
+# --- the SSE parser --------------------------------------------------------------------------
+
+_SSE_STREAM = (
+    "\ufeff: a comment, then an event with CRLF line ends\r\n"
+    'event: message_start\r\ndata: {"type": "message_start"}\r\n\r\n'
+    "event:ping\ndata:\n\n"  # no space after the colon; an empty data field still dispatches
+    "data: line one\ndata:  line two\ndata\n: comment inside\n\n"  # no event field; a bare `data`
+    "event: only-an-event\n\n"  # no data field: not dispatched
+    "\n\n"  # blank lines alone dispatch nothing
+    "id: 7\nretry: 100\nunknown: x\nevent: é\rdata: ünï 🎉\r\r"  # CR line ends, multi-byte text
+    "event:\ndata: x\r\n\r\n"  # an empty event field is no event name
+    "event: tail\ndata: unterminated\n"  # the stream ends mid-event: dropped
+).encode()
+
+_SSE_EVENTS = [
+    SSEEvent("message_start", '{"type": "message_start"}'),
+    SSEEvent("ping", ""),
+    SSEEvent(None, "line one\n line two\n"),
+    SSEEvent("é", "ünï 🎉"),
+    SSEEvent(None, "x"),
+]
+
+
+def _parse(chunks: list[bytes]) -> list[SSEEvent]:
+    parser = SSEParser()
+    return [event for chunk in chunks for event in parser.feed(chunk)]
+
+
+def test_sse_parses_a_whole_stream() -> None:
+    assert _parse([_SSE_STREAM]) == _SSE_EVENTS
+
+
+def test_sse_split_at_every_byte_boundary() -> None:
+    data = _SSE_STREAM
+    assert _parse([data[i:i + 1] for i in range(len(data))]) == _SSE_EVENTS
+    for i in range(len(data) + 1):
+        assert _parse([data[:i], b"", data[i:]]) == _SSE_EVENTS, i
+    for i in range(0, len(data) + 1, 3):
+        for j in range(i, len(data) + 1):
+            assert _parse([data[:i], data[i:j], data[j:]]) == _SSE_EVENTS, (i, j)
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+def test_sse_line_endings(newline: bytes) -> None:
+    lines = [b"event: e", b"data: a", b"data: b", b"", b"data: c", b""]
+    data = newline.join(lines) + newline
+    assert _parse([data]) == [SSEEvent("e", "a\nb"), SSEEvent(None, "c")]
+    # A CRLF split between its CR and LF is one line end, not two (which would be a blank line).
+    assert _parse([b"data: a\r", b"\ndata: b\r", b"\n\r", b"\n"]) == [SSEEvent(None, "a\nb")]
+
+
+async def test_sse_aiter_over_a_byte_stream() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(_SSE_STREAM), 7):
+            yield _SSE_STREAM[i:i + 7]
+
+    assert [event async for event in aiter_sse(chunks())] == _SSE_EVENTS
 
 
 # --- the fake itself -------------------------------------------------------------------------

@@ -1,0 +1,780 @@
+"""The Store port on one DynamoDB table (on-demand), through aioboto3.
+
+Single-table design. Every id in a key is escaped (`%` → `%25`, `#` → `%23`), so a client-chosen id
+can never forge another tenant's key. `{created}` is epoch ms zero-padded to 16 digits, `{seq}` is
+zero-padded to 20 digits, so string order is numeric order.
+
+| Entity    | PK             | SK             | Index keys: GSI partition / sort                    | TTL        |
+|-----------|----------------|----------------|-----------------------------------------------------|------------|
+| Container | CONT#{t}#{cid} | CONT           | 1: TENANT#{t}#CONT / {created}#{cid}                | –          |
+| Image     | IMG#{t}#{iid}  | IMG            | 1: TENANT#{t}#IMG / {created}#{iid}                 | –          |
+|           |                |                | 2: CONT#{t}#{cid} / IMG#{created}#{iid}             |            |
+| Agent     | IMG#{t}#{iid}  | AGENT          | 1: TENANT#{t}#AGENT / {created}#{aid}               | –          |
+|           |                |                | 2: CONT#{t}#{cid} / AGENT#{created}#{aid}           |            |
+|           |                |                | 3: AGENT#{t}#{aid}                                  |            |
+| Session   | SESS#{t}#{sid} | SESS           | 4: EVLOG#{shard} / {t}#{sid}                        | –          |
+| Message   | SESS#{t}#{sid} | MSG#{mid}      | –                                                   | –          |
+| Event     | SESS#{t}#{sid} | EVT#{seq}      | –                                                   | expires_at |
+| Turn      | SESS#{t}#{sid} | TURN#{turn_id} | 3: TURN#{t}#{turn_id}                               | –          |
+|           |                |                | 4: TURN#{status}#{shard} / {created}#{t}#{turn_id}  |            |
+|           |                |                |    (only while queued or running)                   |            |
+
+GSI1 (G1PK/G1SK, projection ALL): tenant-wide lists. GSI2 (G2PK/G2SK, ALL): container-wide lists.
+GSI3 (G3PK, KEYS_ONLY): lookup by id. GSI4 (SPK/SSK, KEYS_ONLY): sparse maintenance index.
+
+(`{shard}` = crc32 of the tenant and id modulo 8: the sparse keys are global, so they are spread
+over 8 partitions each; only maintenance reads them, with one Query per shard.)
+
+Why this shape:
+
+* Per-user data is keyed by session (messages, events, turns: one item collection per
+  conversation) or by image (image + its agent), never by tenant, so a big tenant has no hot
+  partition on the write path. Tenant-wide lists (containers, images, agents: written rarely) go
+  through GSI1; container-wide lists through GSI2, newest first with `ScanIndexForward=False`.
+* `put_agent` is a conditional put of the image-keyed AGENT item: one agent per image by
+  construction, and a lost race answers with the winner in the same response
+  (`ReturnValuesOnConditionCheckFailure=ALL_OLD`).
+* GSI3 (by id) and GSI4 (sparse) are KEYS_ONLY: turns are rewritten at every state change, and
+  with KEYS_ONLY those rewrites cost no index write unless a key changes. Lookups through them
+  read the base item afterwards with a strongly consistent GetItem/BatchGetItem.
+* GSI4 holds only turns that are queued or running (the attribute is absent otherwise), keyed on
+  the status, for `list_unfinished_turns`; and sessions that may hold events, for `prune_events`.
+  No Scan anywhere.
+* Events carry `expires_at` (epoch seconds, write time + `event_ttl_s`, default 48 h): DynamoDB
+  deletes them for free, lazily, so reads drop items whose `expires_at` has passed. TTL also ends
+  the newest event of a session (which the SQLite prune keeps); seqs still never go back because
+  they come from `seq_reserved` on the session item, not from the log.
+* Messages are keyed by id and events by seq, so a replayed checkpoint rewrites the same items
+  (same content) instead of adding any. Messages carry `pos` (the writer's clock in ns, strictly
+  increasing per process): `list_messages` sorts by it, which is insertion order like SQLite's
+  `pos` (a replayed message takes the position of the replay).
+* Strings stay strings (money, config/body as JSON text); numbers are read back as `int`.
+* Not carried over from SQLite on purpose: `commit` does not advance `Session.updated_at` (that
+  would be a second write per message; nothing reads it).
+
+Request counts per operation (R = read, W = write request; on-demand bills units, not requests):
+create_container 1 W · get_container 1 R · list_containers 1 R/page · create_image 1 W
+(TransactWriteItems, 2 items) · get_image 1 R · list_images 1 R/page · update_image 1 W ·
+delete_image 1 R + 1 R/page + ceil(n/25) W + 1 W · get_session 1 R · put_agent 1 W ·
+get_agent 2 R · get_agent_for_image 1 R · list_agents 1 R/page · delete_agent 1 R + 1 W ·
+commit ceil(items/25) W · list_messages 1 R/page · get_turn 2 R · list_turns 1 R/page ·
+read_events 1 R/page · last_seq 1 R · reserve_seqs 1 R + 1 W (+1 W if a seq was logged beyond every
+reservation) · prune_events 8 R + per session (1 R + ceil(n/25) W) · list_unfinished_turns
+16 R + ceil(n/100) R.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import random
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
+
+import aioboto3
+import orjson
+from aiobotocore.config import AioConfig
+from botocore.exceptions import ClientError
+
+from agentvm.domain.models import (
+    Agent,
+    Checkpoint,
+    Container,
+    Image,
+    LoggedEvent,
+    Session,
+    StoredMessage,
+    Turn,
+    TurnStatus,
+    Usage,
+)
+from agentvm.errors import Conflict
+
+if TYPE_CHECKING:
+    from types_aiobotocore_dynamodb.client import DynamoDBClient
+
+Item = dict[str, Any]
+
+TTL_ATTRIBUTE: Final = "expires_at"
+GSI_TENANT: Final = "GSI1"
+GSI_CONTAINER: Final = "GSI2"
+GSI_BY_ID: Final = "GSI3"
+GSI_SPARSE: Final = "GSI4"
+SHARDS: Final = 8
+DEFAULT_EVENT_TTL_S: Final = 48 * 3600
+
+#: The key schema, in one place: `create_table` uses it and the SAM template is checked against it.
+TABLE_DEFINITION: Final[dict[str, Any]] = {
+    "AttributeDefinitions": [
+        {"AttributeName": name, "AttributeType": "S"}
+        for name in ("PK", "SK", "G1PK", "G1SK", "G2PK", "G2SK", "G3PK", "SPK", "SSK")
+    ],
+    "KeySchema": [{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
+    "GlobalSecondaryIndexes": [
+        {"IndexName": GSI_TENANT,
+         "KeySchema": [{"AttributeName": "G1PK", "KeyType": "HASH"}, {"AttributeName": "G1SK", "KeyType": "RANGE"}],
+         "Projection": {"ProjectionType": "ALL"}},
+        {"IndexName": GSI_CONTAINER,
+         "KeySchema": [{"AttributeName": "G2PK", "KeyType": "HASH"}, {"AttributeName": "G2SK", "KeyType": "RANGE"}],
+         "Projection": {"ProjectionType": "ALL"}},
+        {"IndexName": GSI_BY_ID,
+         "KeySchema": [{"AttributeName": "G3PK", "KeyType": "HASH"}],
+         "Projection": {"ProjectionType": "KEYS_ONLY"}},
+        {"IndexName": GSI_SPARSE,
+         "KeySchema": [{"AttributeName": "SPK", "KeyType": "HASH"}, {"AttributeName": "SSK", "KeyType": "RANGE"}],
+         "Projection": {"ProjectionType": "KEYS_ONLY"}},
+    ],
+    "TimeToLive": {"AttributeName": TTL_ATTRIBUTE, "Enabled": True},
+}
+
+_CONFIG = AioConfig(connect_timeout=3, read_timeout=10, retries={"mode": "standard", "max_attempts": 5})
+_BATCH_WRITE_MAX = 25
+_BATCH_GET_MAX = 100
+_EVT_LO = "EVT#"
+_EVT_HI = "EVT#~"  # "~" sorts after every digit
+_UNFINISHED = (TurnStatus.QUEUED, TurnStatus.RUNNING)
+
+
+class DynamoDBStore:
+    """`Store` on DynamoDB. The client is created once by `open()` and reused until `close()`."""
+
+    #: UnprocessedItems/Keys are retried with full-jitter exponential backoff from this base.
+    backoff_base_s: float = 0.05
+    backoff_attempts: int = 8
+
+    def __init__(self, table_name: str, *, session: aioboto3.Session | None = None,
+                 endpoint_url: str | None = None, region_name: str | None = None,
+                 event_ttl_s: int = DEFAULT_EVENT_TTL_S, clock: Callable[[], float] = time.time) -> None:
+        self.table_name = table_name
+        self._session = session
+        self._endpoint_url = endpoint_url
+        self._region_name = region_name
+        self._event_ttl_s = event_ttl_s
+        self._clock = clock
+        self._client: DynamoDBClient | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._open_lock = asyncio.Lock()
+        self._last_pos = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        async with self._open_lock:
+            if self._client is not None:
+                return
+            session = self._session or aioboto3.Session()
+            stack = contextlib.AsyncExitStack()
+            self._client = await stack.enter_async_context(session.client(
+                "dynamodb", endpoint_url=self._endpoint_url, region_name=self._region_name, config=_CONFIG))
+            self._stack = stack
+
+    async def close(self) -> None:
+        async with self._open_lock:
+            stack, self._stack, self._client = self._stack, None, None
+            if stack is not None:
+                await stack.aclose()
+
+    @property
+    def client(self) -> DynamoDBClient:
+        if self._client is None:
+            raise RuntimeError("store is not open")
+        return self._client
+
+    async def create_table(self, *, billing: Literal["PAY_PER_REQUEST", "PROVISIONED"] = "PAY_PER_REQUEST",
+                           capacity_units: int = 5) -> None:
+        """Create the table from `TABLE_DEFINITION` (tests and local tooling; production uses SAM)."""
+        spec = copy.deepcopy(TABLE_DEFINITION)
+        ttl = spec.pop("TimeToLive")
+        params: dict[str, Any] = {"TableName": self.table_name, "BillingMode": billing, **spec}
+        if billing == "PROVISIONED":
+            throughput = {"ReadCapacityUnits": capacity_units, "WriteCapacityUnits": capacity_units}
+            params["ProvisionedThroughput"] = throughput
+            for gsi in params["GlobalSecondaryIndexes"]:
+                gsi["ProvisionedThroughput"] = dict(throughput)
+        await self.client.create_table(**params)
+        await self.client.get_waiter("table_exists").wait(TableName=self.table_name,
+                                                           WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+        await self.client.update_time_to_live(TableName=self.table_name, TimeToLiveSpecification=ttl)
+
+    # ---- containers --------------------------------------------------------------------------
+
+    async def create_container(self, container: Container) -> bool:
+        t, cid = container.tenant_id, container.container_id
+        item = {
+            "PK": _s(f"CONT#{_k(t)}#{_k(cid)}"), "SK": _s("CONT"),
+            "G1PK": _s(f"TENANT#{_k(t)}#CONT"), "G1SK": _s(f"{_ts(container.created_at)}#{_k(cid)}"),
+            "tenant_id": _s(t), "container_id": _s(cid),
+            "created_at": _n(container.created_at), "updated_at": _n(container.updated_at),
+        }
+        try:
+            await self.client.put_item(TableName=self.table_name, Item=item,
+                                       ConditionExpression="attribute_not_exists(PK)")
+        except ClientError as exc:
+            if _conditional_failed(exc):
+                return False
+            raise
+        return True
+
+    async def get_container(self, tenant_id: str, container_id: str) -> Container | None:
+        item = await self._get(f"CONT#{_k(tenant_id)}#{_k(container_id)}", "CONT")
+        return _container(item) if item else None
+
+    async def list_containers(self, tenant_id: str) -> list[Container]:
+        items = await self._query(IndexName=GSI_TENANT, KeyConditionExpression="G1PK = :pk",
+                                  ExpressionAttributeValues={":pk": _s(f"TENANT#{_k(tenant_id)}#CONT")})
+        return [_container(i) for i in items]
+
+    # ---- images and sessions -----------------------------------------------------------------
+
+    async def create_image(self, image: Image, session: Session) -> None:
+        t, iid, cid = image.tenant_id, image.image_id, image.container_id
+        created = _ts(image.created_at)
+        image_item: Item = {
+            "PK": _s(_image_pk(t, iid)), "SK": _s("IMG"),
+            "G1PK": _s(f"TENANT#{_k(t)}#IMG"), "G1SK": _s(f"{created}#{_k(iid)}"),
+            "G2PK": _s(f"CONT#{_k(t)}#{_k(cid)}"), "G2SK": _s(f"IMG#{created}#{_k(iid)}"),
+            "tenant_id": _s(t), "image_id": _s(iid), "container_id": _s(cid), "session_id": _s(image.session_id),
+            "name": _s(image.name), "created_at": _n(image.created_at), "updated_at": _n(image.updated_at),
+            # JSON text, not a map: nested floats would come back as Decimal otherwise.
+            "config": _s(orjson.dumps(image.config).decode()),
+        }
+        _put_opt(image_item, "description", image.description)
+        _put_opt(image_item, "system_prompt", image.system_prompt)
+        session_item: Item = {
+            "PK": _s(_session_pk(session.tenant_id, session.session_id)), "SK": _s("SESS"),
+            **_evlog_keys(session.tenant_id, session.session_id),
+            "tenant_id": _s(session.tenant_id), "session_id": _s(session.session_id),
+            "image_id": _s(session.image_id), "container_id": _s(session.container_id),
+            "created_at": _n(session.created_at), "updated_at": _n(session.updated_at), "seq_reserved": _n(0),
+        }
+        # A transaction: the pair appears together, and an existing session (with its seq
+        # reservation) is never overwritten. Images are created rarely; the 2x write cost is noise.
+        try:
+            await self.client.transact_write_items(TransactItems=[
+                {"Put": {"TableName": self.table_name, "Item": item,
+                         "ConditionExpression": "attribute_not_exists(PK)"}}
+                for item in (image_item, session_item)])
+        except ClientError as exc:
+            if _error_code(exc) == "TransactionCanceledException":
+                raise Conflict(f"Image or session already exists: {iid}") from exc
+            raise
+
+    async def get_image(self, tenant_id: str, image_id: str) -> Image | None:
+        item = await self._get(_image_pk(tenant_id, image_id), "IMG")
+        return _image(item) if item else None
+
+    async def list_images(self, tenant_id: str, container_id: str | None = None) -> list[Image]:
+        if container_id is None:
+            items = await self._query(
+                IndexName=GSI_TENANT, KeyConditionExpression="G1PK = :pk", ScanIndexForward=False,
+                ExpressionAttributeValues={":pk": _s(f"TENANT#{_k(tenant_id)}#IMG")})
+        else:
+            items = await self._query(
+                IndexName=GSI_CONTAINER, KeyConditionExpression="G2PK = :pk AND begins_with(G2SK, :img)",
+                ScanIndexForward=False,
+                ExpressionAttributeValues={":pk": _s(f"CONT#{_k(tenant_id)}#{_k(container_id)}"),
+                                           ":img": _s("IMG#")})
+        return [_image(i) for i in items]
+
+    async def update_image(self, tenant_id: str, image_id: str, *, name: str | None,
+                           description: str | None, updated_at: int) -> Image | None:
+        sets = ["#u = :u"]
+        names = {"#u": "updated_at"}
+        values: Item = {":u": _n(updated_at)}
+        if name is not None:
+            sets.append("#n = :n")
+            names["#n"], values[":n"] = "name", _s(name)
+        if description is not None:
+            sets.append("#d = :d")
+            names["#d"], values[":d"] = "description", _s(description)
+        try:
+            resp = await self.client.update_item(
+                TableName=self.table_name, Key=_key(_image_pk(tenant_id, image_id), "IMG"),
+                UpdateExpression="SET " + ", ".join(sets), ConditionExpression="attribute_exists(PK)",
+                ExpressionAttributeNames=names, ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
+        except ClientError as exc:
+            if _conditional_failed(exc):
+                return None
+            raise
+        return _image(resp["Attributes"])
+
+    async def delete_image(self, tenant_id: str, image_id: str) -> bool:
+        image_pk = _image_pk(tenant_id, image_id)
+        item = await self._get(image_pk, "IMG")
+        if item is None:
+            return False
+        session_pk = _session_pk(tenant_id, item["session_id"]["S"])
+        # Everything of the session (the session item, messages, events, turns) shares its partition
+        # key: one Query finds it all. The image item goes last, so an interrupted delete is redone.
+        children = await self._query(KeyConditionExpression="PK = :pk", ProjectionExpression="PK, SK",
+                                     ExpressionAttributeValues={":pk": _s(session_pk)}, ConsistentRead=True)
+        keys = [{"PK": c["PK"], "SK": c["SK"]} for c in children] + [_key(image_pk, "AGENT")]
+        await self._batch_write([{"DeleteRequest": {"Key": k}} for k in keys])
+        resp = await self.client.delete_item(TableName=self.table_name, Key=_key(image_pk, "IMG"),
+                                             ReturnValues="ALL_OLD")
+        return "Attributes" in resp
+
+    async def get_session(self, tenant_id: str, session_id: str) -> Session | None:
+        item = await self._get(_session_pk(tenant_id, session_id), "SESS")
+        if item is None:
+            return None
+        return Session(item["tenant_id"]["S"], item["session_id"]["S"], item["image_id"]["S"],
+                       item["container_id"]["S"], _int(item, "created_at"), _int(item, "updated_at"))
+
+    # ---- agents ------------------------------------------------------------------------------
+
+    async def put_agent(self, agent: Agent) -> Agent:
+        t, aid, cid = agent.tenant_id, agent.agent_id, agent.container_id
+        created = _ts(agent.created_at)
+        item: Item = {
+            "PK": _s(_image_pk(t, agent.image_id)), "SK": _s("AGENT"),
+            "G1PK": _s(f"TENANT#{_k(t)}#AGENT"), "G1SK": _s(f"{created}#{_k(aid)}"),
+            "G2PK": _s(f"CONT#{_k(t)}#{_k(cid)}"), "G2SK": _s(f"AGENT#{created}#{_k(aid)}"),
+            "G3PK": _s(f"AGENT#{_k(t)}#{_k(aid)}"),
+            "tenant_id": _s(t), "agent_id": _s(aid), "image_id": _s(agent.image_id), "container_id": _s(cid),
+            "name": _s(agent.name), "created_at": _n(agent.created_at),
+        }
+        try:
+            await self.client.put_item(TableName=self.table_name, Item=item,
+                                       ConditionExpression="attribute_not_exists(PK)",
+                                       ReturnValuesOnConditionCheckFailure="ALL_OLD")
+        except ClientError as exc:
+            if not _conditional_failed(exc):
+                raise
+            existing = _failed_item(exc)
+            if existing is None:  # an endpoint that does not return it
+                existing = await self._get(_image_pk(t, agent.image_id), "AGENT")
+            if existing is None:  # deleted in between: try again
+                return await self.put_agent(agent)
+            return _agent(existing)
+        return agent
+
+    async def get_agent(self, tenant_id: str, agent_id: str) -> Agent | None:
+        found = await self._by_id(f"AGENT#{_k(tenant_id)}#{_k(agent_id)}")
+        return _agent(found) if found is not None and found["agent_id"]["S"] == agent_id else None
+
+    async def get_agent_for_image(self, tenant_id: str, image_id: str) -> Agent | None:
+        item = await self._get(_image_pk(tenant_id, image_id), "AGENT")
+        return _agent(item) if item else None
+
+    async def list_agents(self, tenant_id: str, container_id: str | None = None) -> list[Agent]:
+        if container_id is None:
+            items = await self._query(IndexName=GSI_TENANT, KeyConditionExpression="G1PK = :pk",
+                                      ExpressionAttributeValues={":pk": _s(f"TENANT#{_k(tenant_id)}#AGENT")})
+        else:
+            items = await self._query(
+                IndexName=GSI_CONTAINER, KeyConditionExpression="G2PK = :pk AND begins_with(G2SK, :agent)",
+                ExpressionAttributeValues={":pk": _s(f"CONT#{_k(tenant_id)}#{_k(container_id)}"),
+                                           ":agent": _s("AGENT#")})
+        return [_agent(i) for i in items]
+
+    async def delete_agent(self, tenant_id: str, agent_id: str) -> bool:
+        keys = await self._query(IndexName=GSI_BY_ID, KeyConditionExpression="G3PK = :pk",
+                                 ExpressionAttributeValues={":pk": _s(f"AGENT#{_k(tenant_id)}#{_k(agent_id)}")})
+        deleted = False
+        for k in keys:
+            try:
+                await self.client.delete_item(TableName=self.table_name, Key={"PK": k["PK"], "SK": k["SK"]},
+                                              ConditionExpression="agent_id = :aid",
+                                              ExpressionAttributeValues={":aid": _s(agent_id)})
+                deleted = True
+            except ClientError as exc:
+                if not _conditional_failed(exc):
+                    raise
+        return deleted
+
+    # ---- history, turns, event log -----------------------------------------------------------
+
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        """Write the checkpoint with BatchWriteItem: ceil(items / 25) requests, usually one.
+
+        Cost: one write unit per item per started KB, plus one GSI3 unit for a turn's first write and
+        GSI4 units when a turn enters or leaves queued/running. A text turn's final checkpoint
+        (1 message + ~12 events + 1 turn) is 14 items in 1 request.
+
+        No transaction (it would double every unit and cap a checkpoint at 100 items): every key
+        is deterministic (message id, event seq, turn id), so the batch is idempotent, and a
+        failure raises to the caller, which keeps the checkpoint and commits it again; replaying it
+        converges to the same items. The items are written in seq order, chunk by chunk. The price:
+        while a batch is in flight (milliseconds; longer if unprocessed items are retried) a reader
+        may see part of it, e.g. seq n+1 before seq n. Live subscribers already have those events
+        from the channel; only a replay landing in that window is affected.
+        """
+        t, sid = checkpoint.tenant_id, checkpoint.session_id
+        pk = _s(_session_pk(t, sid))
+        puts: dict[str, Item] = {}
+        for m in checkpoint.messages:
+            sk = f"MSG#{_k(m.message_id)}"
+            if sk in puts:
+                continue  # first wins, like INSERT OR IGNORE
+            item: Item = {"PK": pk, "SK": _s(sk), "message_id": _s(m.message_id), "pos": _n(self._next_pos()),
+                          "body": _s(orjson.dumps(m.body).decode()),
+                          "created_at": _n(int(m.body.get("timestamp", 0)))}
+            _put_opt(item, "turn_id", m.turn_id)
+            puts[sk] = item
+        expires = int(self._clock()) + self._event_ttl_s
+        for e in sorted(checkpoint.events, key=lambda e: e.seq):
+            sk = _evt_sk(e.seq)
+            if sk not in puts:
+                puts[sk] = {"PK": pk, "SK": _s(sk), "seq": _n(e.seq), "type": _s(e.type), "payload": _s(e.payload),
+                            "created_at": _n(e.created_at), TTL_ATTRIBUTE: _n(expires)}
+        for turn in checkpoint.turns:
+            puts[f"TURN#{_k(turn.turn_id)}"] = _turn_item(turn)  # last wins, like INSERT OR REPLACE
+        await self._batch_write([{"PutRequest": {"Item": i}} for i in puts.values()])
+
+    async def list_messages(self, tenant_id: str, session_id: str) -> list[StoredMessage]:
+        items = await self._query(KeyConditionExpression="PK = :pk AND begins_with(SK, :msg)", ConsistentRead=True,
+                                  ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id)),
+                                                             ":msg": _s("MSG#")})
+        items.sort(key=lambda i: _int(i, "pos"))
+        return [StoredMessage(session_id, i["message_id"]["S"], orjson.loads(i["body"]["S"]), _opt_s(i, "turn_id"))
+                for i in items]
+
+    async def get_turn(self, tenant_id: str, turn_id: str) -> Turn | None:
+        found = await self._by_id(f"TURN#{_k(tenant_id)}#{_k(turn_id)}")
+        return _turn(found) if found is not None else None
+
+    async def list_turns(self, tenant_id: str, session_id: str) -> list[Turn]:
+        items = await self._query(KeyConditionExpression="PK = :pk AND begins_with(SK, :turn)", ConsistentRead=True,
+                                  ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id)),
+                                                             ":turn": _s("TURN#")})
+        turns = [_turn(i) for i in items]
+        turns.sort(key=lambda t: (t.created_at, t.turn_id))
+        return turns
+
+    async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
+                          limit: int = 10_000) -> list[LoggedEvent]:
+        if limit <= 0:
+            return []
+        now = int(self._clock())
+        params: dict[str, Any] = {
+            "TableName": self.table_name, "ConsistentRead": True,
+            "KeyConditionExpression": "PK = :pk AND SK BETWEEN :lo AND :hi",
+            "ExpressionAttributeValues": {":pk": _s(_session_pk(tenant_id, session_id)),
+                                          ":lo": _s(_evt_sk(max(after_seq + 1, 0))), ":hi": _s(_EVT_HI)}}
+        out: list[LoggedEvent] = []
+        while len(out) < limit:
+            resp = await self.client.query(**params, Limit=limit - len(out))
+            out.extend(LoggedEvent(_int(i, "seq"), i["type"]["S"], i["payload"]["S"], _int(i, "created_at"))
+                       for i in resp.get("Items", []) if _alive(i, now))
+            if "LastEvaluatedKey" not in resp:
+                break
+            params["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return out
+
+    async def last_seq(self, tenant_id: str, session_id: str) -> int:
+        newest = await self._newest_event(_session_pk(tenant_id, session_id))
+        return _int(newest, "seq") if newest is not None and _alive(newest, int(self._clock())) else 0
+
+    async def reserve_seqs(self, tenant_id: str, session_id: str, block: int) -> tuple[int, int]:
+        """An atomic counter on the session item (`ADD seq_reserved`), floored at the newest logged seq.
+
+        Seqs are only handed out from reservations, so normally `seq_reserved` is already at or
+        above every logged seq and the conditional ADD succeeds alone. An event logged beyond
+        every reservation fails the condition; the counter is then moved to that seq plus the block
+        with a compare-and-set on the value seen, and the loop retries if another reserver won.
+        """
+        pk = _session_pk(tenant_id, session_id)
+        newest = await self._newest_event(pk)
+        logged = _int(newest, "seq") if newest is not None else 0
+        key = _key(pk, "SESS")
+        evlog = _evlog_keys(tenant_id, session_id)
+        while True:
+            try:
+                resp = await self.client.update_item(
+                    TableName=self.table_name, Key=key,
+                    UpdateExpression="ADD seq_reserved :b SET SPK = :spk, SSK = :ssk",
+                    ConditionExpression="attribute_exists(PK) AND seq_reserved >= :logged",
+                    ExpressionAttributeValues={":b": _n(block), ":logged": _n(logged),
+                                               ":spk": evlog["SPK"], ":ssk": evlog["SSK"]},
+                    ReturnValues="UPDATED_NEW", ReturnValuesOnConditionCheckFailure="ALL_OLD")
+                until = _int(resp["Attributes"], "seq_reserved")
+                return until - block + 1, until
+            except ClientError as exc:
+                if not _conditional_failed(exc):
+                    raise
+                current = _failed_item(exc)
+                if current is None:
+                    current = await self._get(pk, "SESS")
+            if current is None:  # no such session: nothing to record, as in SQLite
+                return logged + 1, logged + block
+            try:
+                await self.client.update_item(
+                    TableName=self.table_name, Key=key,
+                    UpdateExpression="SET seq_reserved = :v, SPK = :spk, SSK = :ssk",
+                    ConditionExpression="seq_reserved = :seen",
+                    ExpressionAttributeValues={":v": _n(logged + block), ":seen": current["seq_reserved"],
+                                               ":spk": evlog["SPK"], ":ssk": evlog["SSK"]})
+                return logged + 1, logged + block
+            except ClientError as exc:
+                if not _conditional_failed(exc):
+                    raise
+
+    async def prune_events(self, older_than_ms: int) -> int:
+        """Delete events created before the cutoff except the newest of each session, like SQLite.
+
+        TTL already removes every event `event_ttl_s` after it was written, for free; this is for
+        shorter retention. It visits the sessions in the sparse EVLOG index (8 Queries, no Scan);
+        a session found without events leaves the index (the next `reserve_seqs` puts it back;
+        an event written from a block reserved earlier is still removed by TTL).
+        """
+        sessions = await self._sparse_keys([f"EVLOG#{s}" for s in range(SHARDS)])
+        sem = asyncio.Semaphore(8)
+
+        async def one(pk: str) -> int:
+            async with sem:
+                return await self._prune_session(pk, older_than_ms)
+
+        return sum(await asyncio.gather(*(one(k["PK"]["S"]) for k in sessions)))
+
+    async def list_unfinished_turns(self) -> list[Turn]:
+        found = await self._sparse_keys([f"TURN#{status}#{s}" for status in _UNFINISHED for s in range(SHARDS)])
+        # A lagging index may list a turn under both statuses for a moment; BatchGetItem refuses duplicates.
+        keys = {(k["PK"]["S"], k["SK"]["S"]): {"PK": k["PK"], "SK": k["SK"]} for k in found}
+        items = await self._batch_get(list(keys.values()))
+        turns = [t for t in map(_turn, items) if t.status in _UNFINISHED]  # the index lags the table
+        turns.sort(key=lambda t: (t.created_at, t.tenant_id, t.turn_id))
+        return turns
+
+    # ---- request helpers ---------------------------------------------------------------------
+
+    async def _get(self, pk: str, sk: str) -> Item | None:
+        resp = await self.client.get_item(TableName=self.table_name, Key=_key(pk, sk), ConsistentRead=True)
+        return resp.get("Item")
+
+    async def _query(self, **params: Any) -> list[Item]:
+        items: list[Item] = []
+        while True:
+            resp = await self.client.query(TableName=self.table_name, **params)
+            items.extend(resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:
+                return items
+            params["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    async def _by_id(self, g3pk: str) -> Item | None:
+        """GSI3 finds the base key; a consistent GetItem reads the item itself."""
+        found = await self._query(IndexName=GSI_BY_ID, KeyConditionExpression="G3PK = :pk",
+                                  ExpressionAttributeValues={":pk": _s(g3pk)})
+        for k in found:
+            item = await self._get(k["PK"]["S"], k["SK"]["S"])
+            if item is not None:
+                return item
+        return None
+
+    async def _newest_event(self, pk: str) -> Item | None:
+        resp = await self.client.query(
+            TableName=self.table_name, KeyConditionExpression="PK = :pk AND SK BETWEEN :lo AND :hi",
+            ExpressionAttributeValues={":pk": _s(pk), ":lo": _s(_EVT_LO), ":hi": _s(_EVT_HI)},
+            ScanIndexForward=False, Limit=1, ConsistentRead=True)
+        items = resp.get("Items", [])
+        return items[0] if items else None
+
+    async def _sparse_keys(self, partitions: Sequence[str]) -> list[Item]:
+        pages = await asyncio.gather(*(
+            self._query(IndexName=GSI_SPARSE, KeyConditionExpression="SPK = :pk",
+                        ExpressionAttributeValues={":pk": _s(p)}) for p in partitions))
+        return [k for page in pages for k in page]
+
+    async def _prune_session(self, pk: str, older_than_ms: int) -> int:
+        events = await self._query(KeyConditionExpression="PK = :pk AND SK BETWEEN :lo AND :hi",
+                                   ProjectionExpression="PK, SK, created_at", ConsistentRead=True,
+                                   ExpressionAttributeValues={":pk": _s(pk), ":lo": _s(_EVT_LO),
+                                                              ":hi": _s(_EVT_HI)})
+        if not events:
+            try:
+                await self.client.update_item(TableName=self.table_name, Key=_key(pk, "SESS"),
+                                              UpdateExpression="REMOVE SPK, SSK",
+                                              ConditionExpression="attribute_exists(PK)")
+            except ClientError as exc:
+                if not _conditional_failed(exc):  # else the session is gone: nothing to unlist
+                    raise
+            return 0
+        doomed = [{"DeleteRequest": {"Key": {"PK": e["PK"], "SK": e["SK"]}}}
+                  for e in events[:-1] if _int(e, "created_at") < older_than_ms]
+        await self._batch_write(doomed)
+        return len(doomed)
+
+    async def _batch_write(self, requests: list[Item]) -> None:
+        async def send(chunk: list[Item]) -> list[Item]:
+            request_items: dict[str, Any] = {self.table_name: chunk}
+            resp = await self.client.batch_write_item(RequestItems=request_items)
+            unprocessed: Mapping[str, Any] = resp.get("UnprocessedItems") or {}
+            return list(unprocessed.get(self.table_name, []))
+
+        for start in range(0, len(requests), _BATCH_WRITE_MAX):
+            await self._with_backoff(send, requests[start:start + _BATCH_WRITE_MAX], "BatchWriteItem")
+
+    async def _batch_get(self, keys: list[Item]) -> list[Item]:
+        found: list[Item] = []
+
+        async def send(chunk: list[Item]) -> list[Item]:
+            request_items: dict[str, Any] = {self.table_name: {"Keys": chunk, "ConsistentRead": True}}
+            resp = await self.client.batch_get_item(RequestItems=request_items)
+            responses: Mapping[str, Any] = resp.get("Responses") or {}
+            found.extend(responses.get(self.table_name, []))
+            unprocessed: Mapping[str, Any] = resp.get("UnprocessedKeys") or {}
+            return list(unprocessed.get(self.table_name, {}).get("Keys", []))
+
+        for start in range(0, len(keys), _BATCH_GET_MAX):
+            await self._with_backoff(send, keys[start:start + _BATCH_GET_MAX], "BatchGetItem")
+        return found
+
+    async def _with_backoff(self, send: Callable[[list[Item]], Awaitable[list[Item]]], pending: list[Item],
+                            what: str) -> None:
+        for attempt in range(self.backoff_attempts):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, self.backoff_base_s * 2 ** (attempt - 1)))
+            pending = await send(pending)
+            if not pending:
+                return
+        raise RuntimeError(f"DynamoDB {what} left {len(pending)} items unprocessed after "
+                           f"{self.backoff_attempts} attempts")
+
+    def _next_pos(self) -> int:
+        self._last_pos = max(self._last_pos + 1, time.time_ns())
+        return self._last_pos
+
+
+# ---- keys and attribute values ---------------------------------------------------------------
+
+
+def _k(value: str) -> str:
+    """Escape an id for use inside a composite key."""
+    return value.replace("%", "%25").replace("#", "%23")
+
+
+def _ts(ms: int) -> str:
+    return f"{ms:016d}"
+
+
+def _evt_sk(seq: int) -> str:
+    return f"EVT#{seq:020d}"
+
+
+def _image_pk(tenant_id: str, image_id: str) -> str:
+    return f"IMG#{_k(tenant_id)}#{_k(image_id)}"
+
+
+def _session_pk(tenant_id: str, session_id: str) -> str:
+    return f"SESS#{_k(tenant_id)}#{_k(session_id)}"
+
+
+def _shard(*parts: str) -> int:
+    return zlib.crc32("#".join(parts).encode()) % SHARDS
+
+
+def _evlog_keys(tenant_id: str, session_id: str) -> Item:
+    return {"SPK": _s(f"EVLOG#{_shard(tenant_id, session_id)}"), "SSK": _s(f"{_k(tenant_id)}#{_k(session_id)}")}
+
+
+def _key(pk: str, sk: str) -> Item:
+    return {"PK": _s(pk), "SK": _s(sk)}
+
+
+def _s(value: str) -> Item:
+    return {"S": value}
+
+
+def _n(value: int) -> Item:
+    return {"N": str(value)}
+
+
+def _put_opt(item: Item, name: str, value: str | int | None) -> None:
+    if value is not None:
+        item[name] = _n(value) if isinstance(value, int) else _s(value)
+
+
+def _int(item: Mapping[str, Any], name: str) -> int:
+    return int(item[name]["N"])
+
+
+def _opt_s(item: Mapping[str, Any], name: str) -> str | None:
+    value = item.get(name)
+    return None if value is None else str(value["S"])
+
+
+def _opt_int(item: Mapping[str, Any], name: str) -> int | None:
+    value = item.get(name)
+    return None if value is None else int(value["N"])
+
+
+def _alive(item: Mapping[str, Any], now_s: int) -> bool:
+    """False once TTL has passed: DynamoDB deletes expired items lazily, reads must not see them."""
+    expires = _opt_int(item, TTL_ATTRIBUTE)
+    return expires is None or expires > now_s
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _conditional_failed(exc: ClientError) -> bool:
+    return _error_code(exc) == "ConditionalCheckFailedException"
+
+
+def _failed_item(exc: ClientError) -> Item | None:
+    """The item a failed condition saw (`ReturnValuesOnConditionCheckFailure=ALL_OLD`)."""
+    item = cast(Mapping[str, Any], exc.response).get("Item")
+    return cast(Item, item) if isinstance(item, dict) else None
+
+
+# ---- records ---------------------------------------------------------------------------------
+
+
+def _container(i: Mapping[str, Any]) -> Container:
+    return Container(i["tenant_id"]["S"], i["container_id"]["S"], _int(i, "created_at"), _int(i, "updated_at"))
+
+
+def _image(i: Mapping[str, Any]) -> Image:
+    return Image(tenant_id=i["tenant_id"]["S"], image_id=i["image_id"]["S"], container_id=i["container_id"]["S"],
+                 session_id=i["session_id"]["S"], name=i["name"]["S"], created_at=_int(i, "created_at"),
+                 updated_at=_int(i, "updated_at"), description=_opt_s(i, "description"),
+                 system_prompt=_opt_s(i, "system_prompt"), config=orjson.loads(i["config"]["S"]))
+
+
+def _agent(i: Mapping[str, Any]) -> Agent:
+    return Agent(i["tenant_id"]["S"], i["agent_id"]["S"], i["image_id"]["S"], i["container_id"]["S"],
+                 i["name"]["S"], _int(i, "created_at"))
+
+
+def _turn_item(t: Turn) -> Item:
+    item: Item = {
+        "PK": _s(_session_pk(t.tenant_id, t.session_id)), "SK": _s(f"TURN#{_k(t.turn_id)}"),
+        "G3PK": _s(f"TURN#{_k(t.tenant_id)}#{_k(t.turn_id)}"),
+        "tenant_id": _s(t.tenant_id), "turn_id": _s(t.turn_id), "session_id": _s(t.session_id),
+        "image_id": _s(t.image_id), "container_id": _s(t.container_id), "user_message_id": _s(t.user_message_id),
+        "status": _s(str(t.status)), "created_at": _n(t.created_at), "tier": _s(t.tier),
+        "input_tokens": _n(t.usage.input_tokens), "output_tokens": _n(t.usage.output_tokens),
+        "cache_read_tokens": _n(t.usage.cache_read_tokens), "cache_write_tokens": _n(t.usage.cache_write_tokens),
+        "list_cost": _s(t.list_cost), "billed_cost": _s(t.billed_cost),
+    }
+    for name, value in (("model", t.model), ("error_code", t.error_code), ("error_message", t.error_message),
+                        ("started_at", t.started_at), ("ended_at", t.ended_at)):
+        _put_opt(item, name, value)
+    if t.status in _UNFINISHED:  # sparse: only unfinished turns are in the status index
+        item["SPK"] = _s(f"TURN#{t.status}#{_shard(t.tenant_id, t.turn_id)}")
+        item["SSK"] = _s(f"{_ts(t.created_at)}#{_k(t.tenant_id)}#{_k(t.turn_id)}")
+    return item
+
+
+def _turn(i: Mapping[str, Any]) -> Turn:
+    return Turn(
+        tenant_id=i["tenant_id"]["S"], turn_id=i["turn_id"]["S"], session_id=i["session_id"]["S"],
+        image_id=i["image_id"]["S"], container_id=i["container_id"]["S"], user_message_id=i["user_message_id"]["S"],
+        status=TurnStatus(i["status"]["S"]), created_at=_int(i, "created_at"), tier=i["tier"]["S"],
+        model=_opt_s(i, "model"),
+        usage=Usage(_int(i, "input_tokens"), _int(i, "output_tokens"), _int(i, "cache_read_tokens"),
+                    _int(i, "cache_write_tokens")),
+        list_cost=i["list_cost"]["S"], billed_cost=i["billed_cost"]["S"], error_code=_opt_s(i, "error_code"),
+        error_message=_opt_s(i, "error_message"), started_at=_opt_int(i, "started_at"),
+        ended_at=_opt_int(i, "ended_at"))
+
+
+if TYPE_CHECKING:
+    from agentvm.ports import Store
+
+    def _implements_store(store: DynamoDBStore) -> Store:  # mypy checks the port's signatures
+        return store

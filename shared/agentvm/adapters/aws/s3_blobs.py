@@ -1,0 +1,133 @@
+"""The BlobStore port on S3: one bucket, every key confined under an optional prefix.
+
+The client is created once, on `open()` or the first call, and kept for the life of the process
+(in Lambda: of the execution environment); `close()` releases it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+import aioboto3
+from aiobotocore.config import AioConfig
+from botocore.exceptions import ClientError
+
+from agentvm.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3.client import S3Client
+
+    from agentvm.adapters.aws.blob_port import BlobStore
+
+_NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
+_MAX_KEY_BYTES = 1024  # S3's limit for the full key
+
+
+class S3BlobStore:
+    def __init__(self, bucket: str, *, prefix: str = "", session: aioboto3.Session | None = None,
+                 endpoint_url: str | None = None, region_name: str | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        if self.prefix:
+            _check_key(self.prefix)
+        self._session = session
+        self._endpoint_url = endpoint_url
+        self._region_name = region_name
+        self._client: S3Client | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._open_lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        async with self._open_lock:
+            if self._client is not None:
+                return
+            # Path-style addressing for custom endpoints (moto, MinIO); AWS itself picks virtual-hosted.
+            config = AioConfig(connect_timeout=3, read_timeout=30, retries={"mode": "standard", "max_attempts": 5},
+                               s3={"addressing_style": "path" if self._endpoint_url else "auto"},
+                               signature_version="s3v4")
+            stack = contextlib.AsyncExitStack()
+            self._client = await stack.enter_async_context((self._session or aioboto3.Session()).client(
+                "s3", endpoint_url=self._endpoint_url, region_name=self._region_name, config=config))
+            self._stack = stack
+
+    async def close(self) -> None:
+        async with self._open_lock:
+            stack, self._stack, self._client = self._stack, None, None
+            if stack is not None:
+                await stack.aclose()
+
+    async def put(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        client = await self._ready()
+        await client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data, ContentType=content_type)
+        return key
+
+    async def get(self, key: str) -> bytes | None:
+        client = await self._ready()
+        try:
+            resp = await client.get_object(Bucket=self.bucket, Key=self._full(key))
+        except ClientError as exc:
+            if _not_found(exc):
+                return None
+            raise
+        async with resp["Body"] as body:
+            return await body.read()
+
+    async def exists(self, key: str) -> bool:
+        client = await self._ready()
+        try:
+            await client.head_object(Bucket=self.bucket, Key=self._full(key))
+        except ClientError as exc:
+            if _not_found(exc):
+                return False
+            raise
+        return True
+
+    async def delete(self, key: str) -> bool:
+        """HEAD then DELETE: S3's DELETE succeeds whether or not the object existed."""
+        full = self._full(key)
+        if not await self.exists(key):
+            return False
+        client = await self._ready()
+        await client.delete_object(Bucket=self.bucket, Key=full)
+        return True
+
+    async def url(self, key: str, expires_s: int = 3600) -> str:
+        if not 1 <= expires_s <= 7 * 24 * 3600:  # SigV4 presigned URLs live at most 7 days
+            raise InvalidRequest("expires_s must be between 1 second and 7 days", field="expires_s")
+        client = await self._ready()
+        return await client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._full(key)},
+                                                   ExpiresIn=expires_s)
+
+    def _full(self, key: str) -> str:
+        _check_key(key)
+        full = f"{self.prefix}/{key}" if self.prefix else key
+        if len(full.encode()) > _MAX_KEY_BYTES:
+            raise InvalidRequest("Blob key is too long", field="key")
+        return full
+
+    async def _ready(self) -> S3Client:
+        if self._client is None:
+            await self.open()
+        client = self._client
+        if client is None:  # closed concurrently
+            raise RuntimeError("blob store is closed")
+        return client
+
+
+def _check_key(key: str) -> None:
+    """Relative, normalised keys only: nothing can address outside the prefix."""
+    if not key or key.startswith("/") or "\\" in key or "\x00" in key:
+        raise InvalidRequest(f"Invalid blob key: {key!r}", field="key")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise InvalidRequest(f"Invalid blob key: {key!r}", field="key")
+
+
+def _not_found(exc: ClientError) -> bool:
+    return str(exc.response.get("Error", {}).get("Code", "")) in _NOT_FOUND
+
+
+if TYPE_CHECKING:
+    def _implements_blob_store(store: S3BlobStore) -> BlobStore:  # mypy checks the port's signatures
+        return store

@@ -1,0 +1,350 @@
+"""A lightweight Anthropic driver: the streamed Messages API over plain `httpx`, without the SDK.
+
+Importing the `anthropic` SDK costs around a second of cold start, which AWS Lambda bills. This
+driver speaks the wire protocol itself (a JSON POST, a Server-Sent Events response parsed by
+`agentvm.drivers.sse`) and never imports `anthropic`, directly or transitively. It honours the
+same contract as the SDK driver (`agentvm.drivers.anthropic_sdk`): the same event mapping, the
+same `UpstreamError` codes and `retryable` flags, and the API key never in an error message.
+
+Retries happen only before the first event was yielded, only for retryable failures (408, 429,
+5xx and 529 responses, an error event of a retryable type, connection errors and timeouts), at
+most `max_retries` times, after a jittered exponential backoff or the server's `retry-after`,
+capped at 8 s. An `x-should-retry: false` response header vetoes the retry, as it does for the
+SDK. Once an event was yielded a failure is raised as is: the caller has seen partial output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import random
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from agentvm.domain.models import Usage
+from agentvm.drivers.base import (
+    JSON,
+    DriverEvent,
+    InputJsonDelta,
+    LLMRequest,
+    MessageStart,
+    MessageStop,
+    TextDelta,
+    ToolUseStart,
+    ToolUseStop,
+)
+from agentvm.drivers.sse import SSEParser
+from agentvm.errors import UpstreamError
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
+
+# Backoff between attempts: 0.5 s, 1 s, 2 s, ... minus up to 25 % jitter; never above the cap,
+# which also bounds a server's `retry-after`.
+INITIAL_RETRY_DELAY_S = 0.5
+MAX_RETRY_DELAY_S = 8.0
+
+# Anthropic error types worth retrying even when they arrive inside a 200 stream.
+_RETRYABLE_TYPES = frozenset({"rate_limit_error", "overloaded_error", "api_error", "timeout_error"})
+
+# Error code by HTTP status, for error bodies that carry no `error.type` (e.g. a proxy's page).
+_CODE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+# The connection pool the SDK uses; idle connections are kept for httpx's default 5 s.
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+
+# Sleeps between attempts go through here (tests replace it to observe the delays).
+_sleep = asyncio.sleep
+
+
+@dataclass(slots=True)
+class _ToolBlock:
+    tool_call_id: str
+    name: str
+    start_input: JSON
+    parts: list[str] = field(default_factory=list)
+
+    def parsed_input(self) -> JSON:
+        if not self.parts:
+            return self.start_input
+        try:
+            value = json.loads("".join(self.parts))
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+class _StatusFailure(Exception):
+    """An HTTP error response, with what the retry decision needs from its headers."""
+
+    def __init__(self, error: UpstreamError, retry_after_s: float | None, should_retry: str | None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retry_after_s = retry_after_s
+        self.should_retry = should_retry
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _str(value: Any, default: str = "") -> str:
+    return value if isinstance(value, str) else default
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """The server's requested delay: `retry-after-ms`, else `retry-after` in (possibly fractional)
+    seconds; None when absent, unparseable or negative (HTTP dates are not supported)."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) * scale
+        except ValueError:
+            continue
+        if math.isfinite(value) and value >= 0:
+            return value
+    return None
+
+
+def retry_delay_s(retries_done: int, retry_after: float | None) -> float:
+    """How long to wait before retry number `retries_done + 1`."""
+    if retry_after is not None:
+        return min(retry_after, MAX_RETRY_DELAY_S)
+    delay = min(INITIAL_RETRY_DELAY_S * 2.0 ** retries_done, MAX_RETRY_DELAY_S)
+    return delay * (1.0 - 0.25 * random.random())
+
+
+def request_body(request: LLMRequest) -> JSON:
+    """The Messages API body for a streamed call; unset optional fields are left out."""
+    body: JSON = {"model": request.model, "max_tokens": request.max_tokens, "messages": request.messages}
+    if request.system is not None:
+        body["system"] = request.system
+    if request.tools:
+        body["tools"] = request.tools
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    body["stream"] = True
+    return body
+
+
+class _EventMapper:
+    """Maps the API's stream events (parsed JSON) one to one onto driver events."""
+
+    def __init__(self) -> None:
+        self.start_usage = Usage()
+        self.final_usage: Usage | None = None
+        self.stop_reason: str | None = None
+        self.tools: dict[int, _ToolBlock] = {}
+        self.stopped = False
+
+    def map(self, payload: JSON) -> DriverEvent | None:
+        kind = payload.get("type")
+        if kind == "message_start":
+            message = _dict(payload.get("message"))
+            u = _dict(message.get("usage"))
+            self.start_usage = Usage(
+                input_tokens=_int(u.get("input_tokens")),
+                output_tokens=_int(u.get("output_tokens")),
+                cache_read_tokens=_int(u.get("cache_read_input_tokens")),
+                cache_write_tokens=_int(u.get("cache_creation_input_tokens")),
+            )
+            return MessageStart(message_id=_str(message.get("id")), model=_str(message.get("model")),
+                                usage=self.start_usage)
+        if kind == "content_block_start":
+            block = _dict(payload.get("content_block"))
+            if block.get("type") == "tool_use":
+                tool = _ToolBlock(_str(block.get("id")), _str(block.get("name")), dict(_dict(block.get("input"))))
+                self.tools[_int(payload.get("index"))] = tool
+                return ToolUseStart(tool_call_id=tool.tool_call_id, name=tool.name)
+            return None
+        if kind == "content_block_delta":
+            delta = _dict(payload.get("delta"))
+            delta_type = delta.get("type")
+            if delta_type == "text_delta":
+                text = _str(delta.get("text"))
+                return TextDelta(text=text) if text else None
+            if delta_type == "input_json_delta":
+                tool_block = self.tools.get(_int(payload.get("index")))
+                partial = _str(delta.get("partial_json"))
+                if tool_block is not None and partial:
+                    tool_block.parts.append(partial)
+                    return InputJsonDelta(partial_json=partial)
+            return None
+        if kind == "content_block_stop":
+            done = self.tools.pop(_int(payload.get("index")), None)
+            if done is None:
+                return None
+            return ToolUseStop(tool_call_id=done.tool_call_id, name=done.name, input=done.parsed_input())
+        if kind == "message_delta":
+            stop_reason = _dict(payload.get("delta")).get("stop_reason")
+            if isinstance(stop_reason, str):
+                self.stop_reason = stop_reason
+            du = _dict(payload.get("usage"))
+            base = self.final_usage or self.start_usage
+            self.final_usage = Usage(
+                input_tokens=_int(du.get("input_tokens"), base.input_tokens),
+                output_tokens=_int(du.get("output_tokens"), base.output_tokens),
+                cache_read_tokens=_int(du.get("cache_read_input_tokens"), base.cache_read_tokens),
+                cache_write_tokens=_int(du.get("cache_creation_input_tokens"), base.cache_write_tokens),
+            )
+            return None
+        if kind == "message_stop":
+            self.stopped = True
+            return MessageStop(stop_reason=self.stop_reason or "end_turn", usage=self.final_usage or self.start_usage)
+        return None  # ping, thinking / signature / citation deltas, future event types
+
+
+class AnthropicLiteDriver:
+    """`Driver` for the Anthropic Messages API over `httpx`. The HTTP client (and its keep-alive
+    connection pool) is made on first use and reused; a call from another event loop (e.g. a new
+    `asyncio.run` per Lambda invocation) gets a new client, as connections belong to their loop."""
+
+    name = "anthropic"
+
+    def __init__(self, api_key: str, *, base_url: str | None = None, timeout_s: float = 600.0,
+                 max_retries: int = 2, anthropic_version: str = DEFAULT_ANTHROPIC_VERSION) -> None:
+        self._api_key = api_key
+        self._base_url = base_url
+        self._url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
+        self._timeout_s = timeout_s
+        self._max_retries = max(0, max_retries)
+        self._anthropic_version = anthropic_version
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"AnthropicLiteDriver(base_url={self._base_url!r})"
+
+    def _get_client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            # A client of a previous (finished) loop cannot be closed from here; it is dropped.
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self._timeout_s),
+                limits=_LIMITS,
+                headers={
+                    "x-api-key": self._api_key,
+                    "anthropic-version": self._anthropic_version,
+                    "content-type": "application/json",
+                },
+            )
+            self._client_loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the HTTP client and its connection pool (a later call makes a new one). A client of
+        another event loop cannot be closed from this one: it is dropped."""
+        client, loop = self._client, self._client_loop
+        self._client = self._client_loop = None
+        if client is not None and loop is asyncio.get_running_loop():
+            await client.aclose()
+
+    async def stream(self, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]:
+        try:
+            content = json.dumps(request_body(request)).encode()
+        except Exception as exc:
+            raise self._upstream_error(exc) from None
+        retries = 0
+        while True:
+            yielded = False
+            retry_after: float | None = None
+            veto = False
+            try:
+                # aclosing: a consumer that stops early releases the HTTP response right away.
+                async with contextlib.aclosing(self._attempt(content)) as events:
+                    async for event in events:
+                        yielded = True
+                        yield event
+                return
+            except _StatusFailure as failure:
+                error = failure.error
+                retry_after = failure.retry_after_s
+                veto = failure.should_retry == "false"
+            except UpstreamError as exc:
+                error = exc
+            except Exception as exc:
+                error = self._upstream_error(exc)
+            if yielded or veto or not error.retryable or retries >= self._max_retries:
+                raise error from None
+            await _sleep(retry_delay_s(retries, retry_after))
+            retries += 1
+
+    async def _attempt(self, content: bytes) -> AsyncGenerator[DriverEvent, None]:
+        async with self._get_client().stream("POST", self._url, content=content) as response:
+            if not response.is_success:
+                await response.aread()
+                body = _json_or_text(response.text)
+                raise _StatusFailure(self._status_error(response.status_code, body),
+                                     retry_after_s(response.headers), response.headers.get("x-should-retry"))
+            parser = SSEParser()
+            mapper = _EventMapper()
+            async for chunk in response.aiter_bytes():
+                for sse in parser.feed(chunk):
+                    if mapper.stopped:
+                        continue  # nothing follows message_stop; drain to release the connection
+                    if sse.event is None or sse.event == "ping":
+                        continue
+                    if sse.event == "error":
+                        raise self._status_error(response.status_code, _json_or_text(sse.data))
+                    if not sse.data:
+                        continue
+                    payload = json.loads(sse.data)
+                    if not isinstance(payload, dict):
+                        continue
+                    event = mapper.map(payload)
+                    if event is not None:
+                        yield event
+        if not mapper.stopped:
+            raise UpstreamError("The Anthropic stream ended before message_stop",
+                                code="connection_error", retryable=True)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._api_key, "[redacted]") if self._api_key else text
+
+    def _status_error(self, status: int, body: Any) -> UpstreamError:
+        error = body.get("error") if isinstance(body, dict) else None
+        error_type = error.get("type") if isinstance(error, dict) else None
+        error_message = error.get("message") if isinstance(error, dict) else None
+        code = error_type if isinstance(error_type, str) and error_type else _CODE_BY_STATUS.get(
+            status, "api_error" if status >= 500 else "upstream_error")
+        message = (error_message if isinstance(error_message, str) and error_message
+                   else f"Anthropic API error (HTTP {status})")
+        retryable = status in (408, 429) or status >= 500 or code in _RETRYABLE_TYPES
+        return UpstreamError(self._redact(message), code=code, retryable=retryable)
+
+    def _upstream_error(self, exc: Exception) -> UpstreamError:
+        if isinstance(exc, httpx.TimeoutException):
+            return UpstreamError("The request to Anthropic timed out", code="timeout", retryable=True)
+        if isinstance(exc, httpx.TransportError):
+            return UpstreamError("Could not reach Anthropic or the connection was lost",
+                                 code="connection_error", retryable=True)
+        return UpstreamError(self._redact(f"Anthropic request failed: {type(exc).__name__}: {exc}"),
+                             code="upstream_error")
