@@ -84,7 +84,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
         return open_principal
 
     endpoint = WebSocketEndpoint(hub=hub, router=router, principal_for=principal_for,
-                                 max_queue=settings.send_queue_max)
+                                 max_queue=settings.send_queue_max, wrap=settings.reliable_wrapper)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

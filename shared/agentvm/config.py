@@ -44,6 +44,19 @@ class Settings(BaseSettings):
     event_retention_hours: int = Field(48, ge=24, description="How long the session event log is kept.")
     max_tool_iterations: int = Field(25, ge=1, description="LLM calls allowed in one turn.")
     log_level: str = Field("INFO", description="Log level of the structured stderr log.")
+    reliable_wrapper: bool = Field(True, description=(
+        "Wrap frames as {__msgId, __payload} and accept ACKs. Off in the cloud: every ACK would be a billed "
+        "frame and a $default invocation."))
+
+    # cloud tier (set by template.yaml)
+    table_name: str | None = Field(None, description="DynamoDB table of the cloud tier.")
+    bucket: str | None = Field(None, description="S3 bucket for large payloads and exports.")
+    ws_endpoint: str | None = Field(None, description="API Gateway management endpoint (https://…/stage).")
+    chat_turn_function: str | None = Field(None, description="ARN or name of the chat_turn function alias.")
+    llm_secret_arn: str | None = Field(None, description="Secrets Manager secret holding the LLM key.")
+    config_path: str | None = Field(None, description="SSM parameter path of the runtime configuration.")
+    aws_region: str | None = Field(None, validation_alias=AliasChoices("AWS_REGION", "AVM_AWS_REGION"),
+                                   description="AWS region (set by Lambda).")
 
     def database_path(self) -> Path:
         return self.data_dir / "agentvm.db"

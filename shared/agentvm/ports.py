@@ -86,6 +86,12 @@ class Gateway(Protocol):
         ...
 
 
+class Dispatcher(Protocol):
+    """Starts the queued turns of a session in the function tier (Lambda async invoke in the cloud)."""
+
+    async def start_turns(self, tenant_id: str, session_id: str) -> None: ...
+
+
 class Driver(Protocol):
     """An LLM driver: one streamed model call, as a sequence of neutral driver events."""
 

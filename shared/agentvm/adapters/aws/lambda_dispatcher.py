@@ -1,0 +1,23 @@
+"""The Dispatcher port on Lambda: start a session's turns by invoking `chat_turn` asynchronously."""
+
+from __future__ import annotations
+
+import aioboto3
+import orjson
+
+from agentvm.adapters.aws.clients import LazyClient
+
+
+class LambdaDispatcher:
+    def __init__(self, function_name: str, *, session: aioboto3.Session | None = None,
+                 endpoint_url: str | None = None, region_name: str | None = None) -> None:
+        self.function_name = function_name
+        self._client = LazyClient("lambda", session=session, endpoint_url=endpoint_url, region_name=region_name)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+        client = await self._client.get()
+        payload = orjson.dumps({"tenantId": tenant_id, "sessionId": session_id})
+        await client.invoke(FunctionName=self.function_name, InvocationType="Event", Payload=payload)
