@@ -8,11 +8,13 @@ from typing import Protocol
 from agentvm.domain.models import (
     Agent,
     Checkpoint,
+    ConnectionRecord,
     Container,
     Image,
     LoggedEvent,
     Session,
     StoredMessage,
+    Subscription,
     Turn,
 )
 from agentvm.drivers.base import DriverEvent, LLMRequest
@@ -84,6 +86,22 @@ class Gateway(Protocol):
     async def post(self, connection_id: str, frame: str) -> bool:
         """False when the connection is gone."""
         ...
+
+
+class ConnectionRegistry(Protocol):
+    """Cloud connection state: who is connected, who subscribes to a session, who watches a
+    container. Records expire on their own (TTL just over API Gateway's 2 h connection cap)."""
+
+    async def put_connection(self, record: ConnectionRecord) -> None: ...
+    async def get_connection(self, connection_id: str) -> ConnectionRecord | None: ...
+    async def delete_connection(self, connection_id: str) -> None:
+        """Remove the connection with its subscriptions and watches."""
+        ...
+
+    async def put_subscription(self, tenant_id: str, session_id: str, sub: Subscription) -> None: ...
+    async def subscribers(self, tenant_id: str, session_id: str) -> list[Subscription]: ...
+    async def watch(self, tenant_id: str, container_id: str, connection_id: str) -> None: ...
+    async def watchers(self, tenant_id: str, container_id: str) -> list[str]: ...
 
 
 class Dispatcher(Protocol):

@@ -161,3 +161,24 @@ class Checkpoint:
 
     def is_empty(self) -> bool:
         return not (self.messages or self.events or self.turns)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionRecord:
+    """A cloud WebSocket connection and the principal it authenticated as."""
+
+    connection_id: str
+    tenant_id: str
+    key_id: str | None
+    connected_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A connection's subscription to a session. `replayed_seq`: the highest seq already sent to it
+    from the stored log; `pending`: its `afterSeq` replay is still owed by the session's lease holder."""
+
+    connection_id: str
+    after_seq: int = 0
+    replayed_seq: int = 0
+    pending: bool = False

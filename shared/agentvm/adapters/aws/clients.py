@@ -10,7 +10,6 @@ from typing import Any, Literal
 import aioboto3
 from aiobotocore.config import AioConfig
 
-
 Service = Literal["apigatewaymanagementapi", "lambda", "secretsmanager", "ssm"]
 
 

@@ -1,0 +1,116 @@
+"""The ConnectionRegistry port in the AgentVM table (beside the Store's items).
+
+| Entity       | PK                 | SK              | TTL        |
+|--------------|--------------------|-----------------|------------|
+| Connection   | WSCONN#{conn}      | CONN            | expires_at |
+| Subscription | SUBS#{t}#{sid}     | CONN#{conn}     | expires_at |
+|   (reverse)  | WSCONN#{conn}      | SUB#{t}#{sid}   | expires_at |
+| Watch        | WATCH#{t}#{cid}    | CONN#{conn}     | expires_at |
+|   (reverse)  | WSCONN#{conn}      | WATCH#{t}#{cid} | expires_at |
+
+A session's subscribers and a container's watchers are one Query each; the reverse items let
+`$disconnect` remove everything of a connection with one Query and one batch. Every item expires
+shortly after API Gateway's 2-hour connection cap, so a missed `$disconnect` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentvm.adapters.aws.dynamodb_store import TTL_ATTRIBUTE, DynamoDBStore, _k, _n, _s
+from agentvm.domain.models import ConnectionRecord, Subscription
+
+CONNECTION_TTL_S = 2 * 3600 + 600
+
+
+class DynamoDBConnections:
+    def __init__(self, store: DynamoDBStore, *, ttl_s: int = CONNECTION_TTL_S) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+
+    def _expires(self) -> dict[str, str]:
+        return _n(int(time.time()) + self.ttl_s)
+
+    async def _put_all(self, items: list[dict[str, Any]]) -> None:
+        requests: list[Any] = [{"PutRequest": {"Item": i}} for i in items]
+        await self.store.client.batch_write_item(RequestItems={self.store.table_name: requests})
+
+    async def put_connection(self, record: ConnectionRecord) -> None:
+        item: dict[str, Any] = {"PK": _s(f"WSCONN#{_k(record.connection_id)}"), "SK": _s("CONN"),
+                                "tenant_id": _s(record.tenant_id), "connected_at": _n(record.connected_at),
+                                TTL_ATTRIBUTE: self._expires()}
+        if record.key_id is not None:
+            item["key_id"] = _s(record.key_id)
+        await self.store.client.put_item(TableName=self.store.table_name, Item=item)
+
+    async def get_connection(self, connection_id: str) -> ConnectionRecord | None:
+        res = await self.store.client.get_item(
+            TableName=self.store.table_name, ConsistentRead=True,
+            Key={"PK": _s(f"WSCONN#{_k(connection_id)}"), "SK": _s("CONN")})
+        item = res.get("Item")
+        if item is None or int(item[TTL_ATTRIBUTE]["N"]) <= time.time():
+            return None
+        key = item.get("key_id")
+        return ConnectionRecord(connection_id, item["tenant_id"]["S"], key["S"] if key else None,
+                                int(item["connected_at"]["N"]))
+
+    async def delete_connection(self, connection_id: str) -> None:
+        client, table = self.store.client, self.store.table_name
+        pk = f"WSCONN#{_k(connection_id)}"
+        res = await client.query(TableName=table, KeyConditionExpression="PK = :pk",
+                                 ExpressionAttributeValues={":pk": _s(pk)}, ProjectionExpression="PK, SK")
+        keys: list[dict[str, Any]] = []
+        for item in res.get("Items", []):
+            keys.append({"PK": item["PK"], "SK": item["SK"]})
+            sk = item["SK"]["S"]
+            if sk.startswith("SUB#"):
+                keys.append({"PK": _s("SUBS#" + sk[len("SUB#"):]), "SK": _s(f"CONN#{_k(connection_id)}")})
+            elif sk.startswith("WATCH#"):
+                keys.append({"PK": _s(sk), "SK": _s(f"CONN#{_k(connection_id)}")})
+        for start in range(0, len(keys), 25):
+            chunk: list[Any] = [{"DeleteRequest": {"Key": k}} for k in keys[start:start + 25]]
+            await client.batch_write_item(RequestItems={table: chunk})
+
+    async def put_subscription(self, tenant_id: str, session_id: str, sub: Subscription) -> None:
+        scope = f"{_k(tenant_id)}#{_k(session_id)}"
+        conn = _k(sub.connection_id)
+        expires = self._expires()
+        await self._put_all([
+            {"PK": _s(f"SUBS#{scope}"), "SK": _s(f"CONN#{conn}"), "connection_id": _s(sub.connection_id),
+             "after_seq": _n(sub.after_seq), "replayed_seq": _n(sub.replayed_seq),
+             "pending": {"BOOL": sub.pending}, TTL_ATTRIBUTE: expires},
+            {"PK": _s(f"WSCONN#{conn}"), "SK": _s(f"SUB#{scope}"), TTL_ATTRIBUTE: expires},
+        ])
+
+    async def subscribers(self, tenant_id: str, session_id: str) -> list[Subscription]:
+        items = await self._query(f"SUBS#{_k(tenant_id)}#{_k(session_id)}")
+        return [Subscription(i["connection_id"]["S"], int(i["after_seq"]["N"]), int(i["replayed_seq"]["N"]),
+                             bool(i["pending"]["BOOL"])) for i in items]
+
+    async def watch(self, tenant_id: str, container_id: str, connection_id: str) -> None:
+        scope = f"WATCH#{_k(tenant_id)}#{_k(container_id)}"
+        conn = _k(connection_id)
+        expires = self._expires()
+        await self._put_all([
+            {"PK": _s(scope), "SK": _s(f"CONN#{conn}"), "connection_id": _s(connection_id), TTL_ATTRIBUTE: expires},
+            {"PK": _s(f"WSCONN#{conn}"), "SK": _s(scope), TTL_ATTRIBUTE: expires},
+        ])
+
+    async def watchers(self, tenant_id: str, container_id: str) -> list[str]:
+        items = await self._query(f"WATCH#{_k(tenant_id)}#{_k(container_id)}")
+        return [i["connection_id"]["S"] for i in items]
+
+    async def _query(self, pk: str) -> list[dict[str, Any]]:
+        client, table = self.store.client, self.store.table_name
+        now = time.time()
+        out: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {"TableName": table, "KeyConditionExpression": "PK = :pk",
+                                  "ExpressionAttributeValues": {":pk": _s(pk)}, "ConsistentRead": True}
+        while True:
+            res = await client.query(**kwargs)
+            out.extend(i for i in res.get("Items", []) if int(i[TTL_ATTRIBUTE]["N"]) > now)
+            last = res.get("LastEvaluatedKey")
+            if not last:
+                return out
+            kwargs["ExclusiveStartKey"] = last

@@ -1,0 +1,60 @@
+"""The cloud ConnectionRegistry on DynamoDB (moto server)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import aioboto3
+import pytest
+
+from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
+from agentvm.domain.models import ConnectionRecord, Subscription
+
+
+@pytest.fixture
+async def registry(aws_env: None, aws_session: aioboto3.Session, moto_endpoint: str) -> AsyncIterator[
+        DynamoDBConnections]:
+    store = DynamoDBStore(f"agentvm-{uuid.uuid4().hex[:16]}", session=aws_session, endpoint_url=moto_endpoint)
+    await store.open()
+    await store.create_table()
+    yield DynamoDBConnections(store)
+    await store.close()
+
+
+async def test_connections_subscriptions_and_watches(registry: DynamoDBConnections) -> None:
+    await registry.put_connection(ConnectionRecord("c1", "t1", "key_1", 100))
+    await registry.put_connection(ConnectionRecord("c2", "t1", None, 200))
+    assert await registry.get_connection("c1") == ConnectionRecord("c1", "t1", "key_1", 100)
+    assert await registry.get_connection("nope") is None
+
+    await registry.put_subscription("t1", "s1", Subscription("c1"))
+    await registry.put_subscription("t1", "s1", Subscription("c2", after_seq=7, replayed_seq=9, pending=True))
+    await registry.put_subscription("t2", "s1", Subscription("c9"))  # same session id, other tenant
+    subs = sorted(await registry.subscribers("t1", "s1"), key=lambda s: s.connection_id)
+    assert subs == [Subscription("c1"), Subscription("c2", 7, 9, True)]
+    await registry.put_subscription("t1", "s1", Subscription("c2", after_seq=7, replayed_seq=12))  # overwrite
+    assert Subscription("c2", 7, 12, False) in await registry.subscribers("t1", "s1")
+
+    await registry.watch("t1", "user#1", "c1")
+    await registry.watch("t1", "user#1", "c2")
+    assert sorted(await registry.watchers("t1", "user#1")) == ["c1", "c2"]
+    assert await registry.watchers("t2", "user#1") == []
+
+    await registry.delete_connection("c2")
+    assert await registry.get_connection("c2") is None
+    assert [s.connection_id for s in await registry.subscribers("t1", "s1")] == ["c1"]
+    assert await registry.watchers("t1", "user#1") == ["c1"]
+    assert [s.connection_id for s in await registry.subscribers("t2", "s1")] == ["c9"]
+
+
+async def test_expired_records_are_not_returned(registry: DynamoDBConnections) -> None:
+    registry.ttl_s = -1  # written already expired: DynamoDB deletes lazily, reads must not see them
+    await registry.put_connection(ConnectionRecord("c1", "t1", None, int(time.time())))
+    await registry.put_subscription("t1", "s1", Subscription("c1"))
+    await registry.watch("t1", "u1", "c1")
+    assert await registry.get_connection("c1") is None
+    assert await registry.subscribers("t1", "s1") == []
+    assert await registry.watchers("t1", "u1") == []
