@@ -23,7 +23,8 @@ def _base36(n: int) -> str:
 
 
 def _rand(k: int) -> str:
-    return "".join(secrets.choice(_ALPHABET) for _ in range(k))
+    # One system call for the whole suffix (secrets.choice makes one per character).
+    return "".join(_ALPHABET[b % 36] for b in secrets.token_bytes(k))
 
 
 def now_ms() -> int:

@@ -55,7 +55,12 @@ class Cost:
     currency: str = "USD"
 
     def to_wire(self) -> dict[str, str]:
-        return {"list": str(self.list), "billed": str(self.billed), "currency": self.currency}
+        return {"list": money_text(self.list), "billed": money_text(self.billed), "currency": self.currency}
+
+
+def money_text(amount: Decimal) -> str:
+    """Fixed-point text: `str(Decimal)` would write tiny amounts as `8.0E-7`."""
+    return format(amount, "f")
 
 
 def cost_of(usage: Usage, model: str, *, markup: Decimal = DEFAULT_MARKUP,

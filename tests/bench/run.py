@@ -1,6 +1,6 @@
 """`make bench`: AgentVM's performance figures, each against a baseline measured in the same run.
 
-    .venv/bin/python -m tests.bench.run [--quick] [--json FILE]
+    .venv/bin/python -m tests.bench.run [--quick] [--json FILE] [--wait-idle SECONDS]
 
 AgentVM (`avm serve`, scripted offline driver) and the baseline (a bare `websockets` server
 replaying frames captured from AgentVM at the start of the run, see baseline_server.py) each run as
@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import os
 import platform
 import socket
@@ -50,12 +51,14 @@ STREAM_CONTENT = "stream please"
 class Sizes:
     mode: str
     latency_turns: int
+    latency_blocks: int  # alternated with the baseline's
     latency_warmup: int
     concurrent_conns: int
     concurrent_rounds: int
     stream_chunks: int
     stream_rounds: int
     create_pairs: int
+    create_blocks: int  # alternated with the baseline's
     create_inflight: int
     memory_containers: int
     memory_conns: int
@@ -63,12 +66,12 @@ class Sizes:
     total_timeout_s: float
 
 
-FULL = Sizes("full", latency_turns=500, latency_warmup=20, concurrent_conns=100, concurrent_rounds=5,
-             stream_chunks=300, stream_rounds=3, create_pairs=5000, create_inflight=50, memory_containers=10_000,
-             memory_conns=4, phase_timeout_s=180, total_timeout_s=540)
-QUICK = Sizes("quick", latency_turns=30, latency_warmup=5, concurrent_conns=100, concurrent_rounds=1,
-              stream_chunks=300, stream_rounds=1, create_pairs=200, create_inflight=50, memory_containers=1000,
-              memory_conns=4, phase_timeout_s=30, total_timeout_s=50)
+FULL = Sizes("full", latency_turns=500, latency_blocks=5, latency_warmup=20, concurrent_conns=100,
+             concurrent_rounds=5, stream_chunks=300, stream_rounds=5, create_pairs=5000, create_blocks=5,
+             create_inflight=50, memory_containers=10_000, memory_conns=4, phase_timeout_s=180, total_timeout_s=400)
+QUICK = Sizes("quick", latency_turns=30, latency_blocks=1, latency_warmup=5, concurrent_conns=100,
+              concurrent_rounds=1, stream_chunks=300, stream_rounds=1, create_pairs=200, create_blocks=1,
+              create_inflight=50, memory_containers=1000, memory_conns=4, phase_timeout_s=30, total_timeout_s=50)
 
 
 @dataclass
@@ -103,12 +106,6 @@ class Figure:
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int:
@@ -160,6 +157,7 @@ def ours(workdir: Path, name: str, *args: str) -> Iterator[ServeProcess]:
     data = workdir / name
     data.mkdir()
     sp = start_serve(data / "data", "--log-level", "WARNING", "--flush-ms", "0", *args)
+    OWN_PIDS.add(sp.proc.pid)
     try:
         yield sp
     finally:
@@ -169,31 +167,93 @@ def ours(workdir: Path, name: str, *args: str) -> Iterator[ServeProcess]:
 @contextlib.contextmanager
 def baseline(plan: dict[str, Any], workdir: Path) -> Iterator[Baseline]:
     b = start_baseline(plan, workdir)
+    OWN_PIDS.add(b.proc.pid)
     try:
         yield b
     finally:
         stop_baseline(b)
 
 
+def process_cpu() -> dict[int, float]:
+    """CPU seconds (utime + stime) of every process, by pid."""
+    out: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+                out[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to other guests (all cores), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 @dataclass
 class Measured:
-    """A measurement and the CPU seconds the server and this client spent on it."""
+    """Wall time and the CPU seconds spent by the server under test, this client, every other
+    process of the machine, and other guests of the hypervisor (steal). A busy machine or host
+    makes the figures unreliable."""
 
-    server_cpu_s: float
-    client_cpu_s: float
-    wall_s: float
+    wall_s: float = 0.0
+    server_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    foreign_cpu_s: float = 0.0
+    steal_s: float = 0.0
+
+    def __add__(self, o: Measured) -> Measured:
+        return Measured(self.wall_s + o.wall_s, self.server_cpu_s + o.server_cpu_s,
+                        self.client_cpu_s + o.client_cpu_s, self.foreign_cpu_s + o.foreign_cpu_s,
+                        self.steal_s + o.steal_s)
+
+    def details(self, prefix: str = "") -> dict[str, float]:
+        w = self.wall_s or 1.0
+        return {f"{prefix}wall_s": round(self.wall_s, 3), f"{prefix}server_cpu_share": round(self.server_cpu_s / w, 3),
+                f"{prefix}client_cpu_share": round(self.client_cpu_s / w, 3),
+                f"{prefix}foreign_cpu_share": round(self.foreign_cpu_s / w, 3),
+                f"{prefix}steal_share": round(self.steal_s / w, 3)}
+
+
+# Processes of this run (servers under test, baselines): never counted as foreign.
+OWN_PIDS: set[int] = {os.getpid()}
 
 
 async def measured(pid: int, fn: Callable[[], Awaitable[T]], timeout: float) -> tuple[T, Measured]:
-    s0, c0, w0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
+    before, steal0 = process_cpu(), steal_seconds()
+    c0, w0 = time.process_time(), time.perf_counter()
     async with asyncio.timeout(timeout):
         result = await fn()
-    return result, Measured(cpu_seconds(pid) - s0, time.process_time() - c0, time.perf_counter() - w0)
+    wall, client = time.perf_counter() - w0, time.process_time() - c0
+    after, steal = process_cpu(), steal_seconds() - steal0
+    foreign = sum(v - before.get(p, 0.0) for p, v in after.items() if p not in OWN_PIDS)
+    server = after.get(pid, 0.0) - before.get(pid, 0.0)
+    return result, Measured(wall, server, client, max(0.0, foreign), steal)
 
 
-def cpu_details(m: Measured) -> dict[str, Any]:
-    return {"server_cpu_share": round(m.server_cpu_s / m.wall_s, 3),
-            "client_cpu_share": round(m.client_cpu_s / m.wall_s, 3), "wall_s": round(m.wall_s, 3)}
+@dataclass
+class Side:
+    """One server under test: AgentVM or its baseline."""
+
+    name: str
+    url: str
+    pid: int
+
+
+async def alternate(sides: tuple[Side, Side], rounds: int, fn: Callable[[Side, int], Awaitable[T]],
+                    timeout: float) -> tuple[list[T], list[T], Measured, Measured]:
+    """Run fn round by round, alternating between AgentVM and the baseline so that a slow moment of
+    the machine hurts both alike."""
+    results: tuple[list[T], list[T]] = ([], [])
+    cpu = [Measured(), Measured()]
+    for r in range(rounds):
+        for i, side in enumerate(sides):
+            res, m = await measured(side.pid, functools.partial(fn, side, r), timeout)
+            results[i].append(res)
+            cpu[i] += m
+    return results[0], results[1], cpu[0], cpu[1]
 
 
 # ---- capture -------------------------------------------------------------------------------------
@@ -219,22 +279,14 @@ async def capture(url: str, content: str) -> dict[str, Any]:
 # ---- the figures ---------------------------------------------------------------------------------
 
 
-async def latency_run(url: str, turns: int, warmup: int) -> list[float]:
-    conn = await RawConn.open(url)
-    try:
-        image = await conn.setup_image("bench-latency")
-        firsts: list[float] = []
-        for i in range(warmup + turns):
-            r = await conn.turn(image, TURN_CONTENT)
-            if i >= warmup:
-                firsts.append(r.first_delta_s)
-        return firsts
-    finally:
-        await conn.close()
+async def latency_block(conn: RawConn, image: str, turns: int) -> list[float]:
+    """Sequential turns on one connection and one image: send → first text_delta, in seconds."""
+    return [(await conn.turn(image, TURN_CONTENT)).first_delta_s for _ in range(turns)]
 
 
 async def concurrent_round(conns: list[RawConn], tag: str, content: str) -> tuple[float, list[TurnResult]]:
-    """Set up one fresh image per connection, release all turns together; returns (release time, results)."""
+    """Set up one fresh image per connection, then release all turns together; returns the release
+    time and the turns."""
     images = await asyncio.gather(*(c.setup_image(f"bench-{tag}-{i:04d}") for i, c in enumerate(conns)))
     release = asyncio.Event()
 
@@ -249,58 +301,8 @@ async def concurrent_round(conns: list[RawConn], tag: str, content: str) -> tupl
     return t0, await asyncio.gather(*tasks)
 
 
-async def concurrent_turns(url: str, pid: int, n: int, rounds: int, tag: str, timeout: float
-                           ) -> tuple[list[float], list[float], Measured]:
-    """turns/s and p99 turn time (ms) of each round."""
-    conns = await open_many(url, n)
-    try:
-        tps: list[float] = []
-        p99: list[float] = []
-        cpu = Measured(0, 0, 0)
-        for r in range(rounds):
-            (t0, results), m = await measured(pid, lambda r=r: concurrent_round(conns, f"{tag}{r}", TURN_CONTENT),
-                                              timeout)
-            wall = max(x.end_at for x in results) - t0
-            tps.append(n / wall)
-            p99.append(percentile([x.total_s for x in results], 99) * 1000)
-            cpu = Measured(cpu.server_cpu_s + m.server_cpu_s, cpu.client_cpu_s + m.client_cpu_s, cpu.wall_s + m.wall_s)
-        return tps, p99, cpu
-    finally:
-        await close_all(conns)
-
-
-async def delta_rate(url: str, pid: int, n: int, rounds: int, chunks: int, tag: str, timeout: float
-                     ) -> tuple[list[float], Measured]:
-    """text_delta frames/s across n connections, one round per entry."""
-    conns = await open_many(url, n)
-    try:
-        rates: list[float] = []
-        cpu = Measured(0, 0, 0)
-        for r in range(rounds):
-            (_t0, results), m = await measured(
-                pid, lambda r=r: concurrent_round(conns, f"{tag}{r}", STREAM_CONTENT), timeout)
-            total = sum(x.deltas for x in results)
-            if total != n * chunks:
-                raise RuntimeError(f"expected {n * chunks} text_delta frames, got {total}")
-            span = max(x.end_at for x in results) - min(x.first_delta_at for x in results)
-            rates.append(total / span)
-            cpu = Measured(cpu.server_cpu_s + m.server_cpu_s, cpu.client_cpu_s + m.client_cpu_s, cpu.wall_s + m.wall_s)
-        return rates, cpu
-    finally:
-        await close_all(conns)
-
-
-async def pair_rate(url: str, pairs: int, inflight: int, tag: str) -> float:
-    conn = await RawConn.open(url)
-    try:
-        await create_pairs(conn, min(100, pairs), inflight=inflight, prefix=f"{tag}-warm")
-        wall = await create_pairs(conn, pairs, inflight=inflight, prefix=tag)
-        return pairs / wall
-    finally:
-        await conn.close()
-
-
-async def memory_per_container(url: str, pid: int, n: int, conns_n: int, inflight: int) -> tuple[float, dict[str, Any]]:
+async def memory_per_container(url: str, pid: int, n: int, conns_n: int, inflight: int
+                               ) -> tuple[float, dict[str, Any]]:
     warm = await RawConn.open(url)
     try:
         await create_pairs(warm, 100, inflight=inflight, prefix="bench-mem-warm")
@@ -311,13 +313,16 @@ async def memory_per_container(url: str, pid: int, n: int, conns_n: int, infligh
     conns = await open_many(url, conns_n)
     try:
         share = [n // conns_n + (1 if i < n % conns_n else 0) for i in range(conns_n)]
+        t0 = time.perf_counter()
         await asyncio.gather(*(create_pairs(c, k, inflight=inflight, prefix=f"bench-mem{i}")
                                for i, (c, k) in enumerate(zip(conns, share, strict=True))))
+        wall = time.perf_counter() - t0
     finally:
         await close_all(conns)
     await asyncio.sleep(1.0)
     after = rss_bytes(pid)
-    return (after - before) / n, {"rss_before_bytes": before, "rss_after_bytes": after, "containers": n}
+    return (after - before) / n, {"rss_before_bytes": before, "rss_after_bytes": after, "containers": n,
+                                  "connections": conns_n, "pairs_per_s": round(n / wall)}
 
 
 def stream_script(chunks: int) -> str:
@@ -329,45 +334,128 @@ def med(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
-async def run(sizes: Sizes, workdir: Path) -> list[Figure]:
-    figures: list[Figure] = []
+async def turn_figures(sizes: Sizes, sides: tuple[Side, Side]) -> list[Figure]:
     t_out = sizes.phase_timeout_s
+    figures: list[Figure] = []
 
+    log(f"first-delta latency: {sizes.latency_turns} sequential turns in {sizes.latency_blocks} blocks")
+    per_block = sizes.latency_turns // sizes.latency_blocks
+    lat_conns = {s.name: await RawConn.open(s.url) for s in sides}
+    try:
+        lat_images = {s.name: await lat_conns[s.name].setup_image("bench-latency") for s in sides}
+        for s in sides:
+            async with asyncio.timeout(t_out):
+                await latency_block(lat_conns[s.name], lat_images[s.name], sizes.latency_warmup)
+        lat, lat_b, m_lat, m_lat_b = await alternate(
+            sides, sizes.latency_blocks, lambda s, _r: latency_block(lat_conns[s.name], lat_images[s.name], per_block),
+            t_out)
+    finally:
+        await close_all(list(lat_conns.values()))
+    flat, flat_b = [x for b in lat for x in b], [x for b in lat_b for x in b]
+    for q, target in ((50, 3.0), (99, 15.0)):
+        figures.append(Figure(f"first_delta_p{q}_ms", f"first-delta latency p{q}", "ms",
+                              percentile(flat, q) * 1000, percentile(flat_b, q) * 1000, target, "<=",
+                              details={"turns": len(flat), "max_ms": round(max(flat) * 1000, 2),
+                                       # The image's history grows by two messages a turn.
+                                       f"p{q}_by_block_ms": [round(percentile(b, q) * 1000, 2) for b in lat],
+                                       f"baseline_p{q}_by_block_ms": [round(percentile(b, q) * 1000, 2)
+                                                                      for b in lat_b],
+                                       **m_lat.details(), **m_lat_b.details("baseline_")}))
+
+    n = sizes.concurrent_conns
+    log(f"concurrent turns: {n} connections × {sizes.concurrent_rounds} rounds")
+    conns = {s.name: await open_many(s.url, n) for s in sides}
+    try:
+        rounds, rounds_b, m_cc, m_cc_b = await alternate(
+            sides, sizes.concurrent_rounds, lambda s, r: concurrent_round(conns[s.name], f"cc{r}", TURN_CONTENT),
+            t_out)
+    finally:
+        for cs in conns.values():
+            await close_all(cs)
+
+    def tps(rs: list[tuple[float, list[TurnResult]]]) -> list[float]:
+        return [n / (max(x.end_at for x in res) - t0) for t0, res in rs]
+
+    def p99(rs: list[tuple[float, list[TurnResult]]]) -> list[float]:
+        return [percentile([x.total_s for x in res], 99) * 1000 for _t0, res in rs]
+
+    common = {"rounds": sizes.concurrent_rounds, "connections": n}
+    figures.append(Figure("concurrent_turns_per_s", f"concurrent turns ({n} connections)", "turns/s",
+                          med(tps(rounds)), med(tps(rounds_b)), 400, ">=",
+                          details={**common, "per_round": [round(x) for x in tps(rounds)],
+                                   "baseline_per_round": [round(x) for x in tps(rounds_b)],
+                                   "p50_ms": round(med([percentile([x.total_s for x in res], 50) * 1000
+                                                        for _t, res in rounds]), 1),
+                                   **m_cc.details(), **m_cc_b.details("baseline_")}))
+    figures.append(Figure("concurrent_turn_p99_ms", "concurrent turn time p99", "ms", med(p99(rounds)),
+                          med(p99(rounds_b)), 250, "<=",
+                          details={**common, "per_round": [round(x, 1) for x in p99(rounds)],
+                                   "baseline_per_round": [round(x, 1) for x in p99(rounds_b)]}))
+
+    pairs = sizes.create_pairs // sizes.create_blocks
+    log(f"container + image creation: {sizes.create_pairs} pairs in {sizes.create_blocks} blocks, "
+        f"{sizes.create_inflight} in flight")
+    cr_conns = {s.name: await RawConn.open(s.url) for s in sides}
+    try:
+        for s in sides:
+            async with asyncio.timeout(t_out):
+                await create_pairs(cr_conns[s.name], min(100, pairs), inflight=sizes.create_inflight,
+                                   prefix="bench-cr-warm")
+        walls, walls_b, m_cr, m_cr_b = await alternate(
+            sides, sizes.create_blocks,
+            lambda s, r: create_pairs(cr_conns[s.name], pairs, inflight=sizes.create_inflight, prefix=f"bench-cr{r}"),
+            t_out)
+    finally:
+        await close_all(list(cr_conns.values()))
+    figures.append(Figure("create_pairs_per_s", "container + image creation", "pairs/s",
+                          pairs * len(walls) / sum(walls), pairs * len(walls_b) / sum(walls_b), 1500, ">=",
+                          details={"pairs": pairs * len(walls), "inflight": sizes.create_inflight,
+                                   **m_cr.details(), **m_cr_b.details("baseline_")}))
+    return figures
+
+
+async def stream_figure(sizes: Sizes, sides: tuple[Side, Side]) -> Figure:
+    n, chunks = sizes.concurrent_conns, sizes.stream_chunks
+    log(f"text_delta frames/s: {n} connections × {chunks} chunks × {sizes.stream_rounds} rounds")
+    conns = {s.name: await open_many(s.url, n) for s in sides}
+    try:
+        rounds, rounds_b, m, m_b = await alternate(
+            sides, sizes.stream_rounds, lambda s, r: concurrent_round(conns[s.name], f"st{r}", STREAM_CONTENT),
+            sizes.phase_timeout_s)
+    finally:
+        for cs in conns.values():
+            await close_all(cs)
+
+    def rates(rs: list[tuple[float, list[TurnResult]]]) -> list[float]:
+        out = []
+        for _t0, res in rs:
+            total = sum(x.deltas for x in res)
+            if total != n * chunks:
+                raise RuntimeError(f"expected {n * chunks} text_delta frames, got {total}")
+            out.append(total / (max(x.end_at for x in res) - min(x.first_delta_at for x in res)))
+        return out
+
+    frames = n * chunks * sizes.stream_rounds
+    return Figure("text_delta_frames_per_s", f"text_delta frames/s to {n} connections", "frames/s",
+                  med(rates(rounds)), med(rates(rounds_b)), 0.4, ">=", "ratio",
+                  details={"rounds": sizes.stream_rounds, "chunks_per_turn": chunks,
+                           "per_round": [round(x) for x in rates(rounds)],
+                           "baseline_per_round": [round(x) for x in rates(rounds_b)],
+                           # Server CPU per delivered text_delta (the round's other frames included).
+                           "server_cpu_us_per_delta": round(m.server_cpu_s / frames * 1e6, 1),
+                           "baseline_server_cpu_us_per_delta": round(m_b.server_cpu_s / frames * 1e6, 1),
+                           **m.details(), **m_b.details("baseline_")})
+
+
+async def run(sizes: Sizes, workdir: Path) -> list[Figure]:
+    t_out = sizes.phase_timeout_s
+    figures: list[Figure] = []
     with ours(workdir, "turns") as sp:
         async with asyncio.timeout(t_out):
             plan = await capture(sp.url, TURN_CONTENT)
         with baseline(plan, workdir) as base:
-            log(f"first-delta latency: {sizes.latency_turns} sequential turns")
-            lat, m_lat = await measured(sp.proc.pid, lambda: latency_run(sp.url, sizes.latency_turns,
-                                                                         sizes.latency_warmup), t_out)
-            async with asyncio.timeout(t_out):
-                lat_b = await latency_run(base.url, sizes.latency_turns, sizes.latency_warmup)
-            for q, target in ((50, 3.0), (99, 15.0)):
-                figures.append(Figure(f"first_delta_p{q}_ms", f"first-delta latency p{q}", "ms",
-                                      percentile(lat, q) * 1000, percentile(lat_b, q) * 1000, target, "<=",
-                                      details={"turns": sizes.latency_turns, **cpu_details(m_lat)}))
-
-            log(f"concurrent turns: {sizes.concurrent_conns} connections × {sizes.concurrent_rounds} rounds")
-            tps, p99, m_cc = await concurrent_turns(sp.url, sp.proc.pid, sizes.concurrent_conns,
-                                                    sizes.concurrent_rounds, "cc", t_out)
-            tps_b, p99_b, _ = await concurrent_turns(base.url, base.proc.pid, sizes.concurrent_conns,
-                                                     sizes.concurrent_rounds, "cc", t_out)
-            rounds = {"rounds": sizes.concurrent_rounds, "connections": sizes.concurrent_conns}
-            figures.append(Figure("concurrent_turns_per_s", "concurrent turns (100 connections)", "turns/s",
-                                  med(tps), med(tps_b), 400, ">=",
-                                  details={**rounds, "per_round": [round(x, 1) for x in tps],
-                                           **cpu_details(m_cc)}))
-            figures.append(Figure("concurrent_turn_p99_ms", "concurrent turn time p99", "ms", med(p99), med(p99_b),
-                                  250, "<=", details={**rounds, "per_round": [round(x, 1) for x in p99]}))
-
-            log(f"container + image creation: {sizes.create_pairs} pairs, {sizes.create_inflight} in flight")
-            rate, m_cr = await measured(sp.proc.pid, lambda: pair_rate(sp.url, sizes.create_pairs,
-                                                                       sizes.create_inflight, "bench-cr"), t_out)
-            async with asyncio.timeout(t_out):
-                rate_b = await pair_rate(base.url, sizes.create_pairs, sizes.create_inflight, "bench-cr")
-            figures.append(Figure("create_pairs_per_s", "container + image creation", "pairs/s", rate, rate_b,
-                                  1500, ">=", details={"pairs": sizes.create_pairs,
-                                                       "inflight": sizes.create_inflight, **cpu_details(m_cr)}))
+            figures += await turn_figures(sizes, (Side("agentvm", sp.url, sp.proc.pid),
+                                                  Side("baseline", base.url, base.proc.pid)))
 
     script = workdir / "stream.yaml"
     script.write_text(stream_script(sizes.stream_chunks))
@@ -375,22 +463,14 @@ async def run(sizes: Sizes, workdir: Path) -> list[Figure]:
         async with asyncio.timeout(t_out):
             plan = await capture(sp.url, STREAM_CONTENT)
         with baseline(plan, workdir) as base:
-            log(f"text_delta frames/s: {sizes.concurrent_conns} connections × {sizes.stream_chunks} chunks")
-            rates, m_st = await delta_rate(sp.url, sp.proc.pid, sizes.concurrent_conns, sizes.stream_rounds,
-                                           sizes.stream_chunks, "st", t_out)
-            rates_b, m_st_b = await delta_rate(base.url, base.proc.pid, sizes.concurrent_conns, sizes.stream_rounds,
-                                               sizes.stream_chunks, "st", t_out)
-            figures.append(Figure("text_delta_frames_per_s", "text_delta frames/s to 100 connections", "frames/s",
-                                  med(rates), med(rates_b), 0.4, ">=", "ratio",
-                                  details={"rounds": sizes.stream_rounds, "chunks_per_turn": sizes.stream_chunks,
-                                           "per_round": [round(x) for x in rates], **cpu_details(m_st),
-                                           "baseline_cpu": cpu_details(m_st_b)}))
+            figures.append(await stream_figure(sizes, (Side("agentvm", sp.url, sp.proc.pid),
+                                                       Side("baseline", base.url, base.proc.pid))))
 
     with ours(workdir, "memory") as sp:
         log(f"memory per container: {sizes.memory_containers} containers with one image each")
-        per, extra = await asyncio.wait_for(
-            memory_per_container(sp.url, sp.proc.pid, sizes.memory_containers, sizes.memory_conns,
-                                 sizes.create_inflight), t_out)
+        async with asyncio.timeout(t_out):
+            per, extra = await memory_per_container(sp.url, sp.proc.pid, sizes.memory_containers,
+                                                    sizes.memory_conns, sizes.create_inflight)
         figures.append(Figure("rss_bytes_per_container", "resident memory per container + image", "bytes",
                               per, None, 5 * 1024, "<=", details=extra))
     return figures
@@ -407,7 +487,7 @@ def machine() -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
                 break
     return {"cores": os.cpu_count(), "cpu": model, "platform": platform.platform(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
 def fmt(v: float | None) -> str:
@@ -433,13 +513,35 @@ def table(figures: list[Figure]) -> str:
     return "\n".join(lines)
 
 
+def wait_until_idle(limit_s: float) -> float:
+    """Wait (at most limit_s) until the rest of the machine uses under 15% of a core; returns that share."""
+    deadline = time.monotonic() + limit_s
+    share = 0.0
+    for _ in range(int(limit_s) + 2):
+        before = process_cpu()
+        time.sleep(1.0)
+        after = process_cpu()
+        share = sum(v - before.get(p, 0.0) for p, v in after.items() if p not in OWN_PIDS)
+        if share < 0.15 or time.monotonic() >= deadline:
+            break
+        log(f"waiting for an idle machine: other processes use {share:.0%} of a core")
+    return share
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the small version run by the smoke test")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
+    parser.add_argument("--wait-idle", type=float, metavar="SECONDS",
+                        help="first wait up to this long (at most 180) for other processes to go quiet "
+                             "(default: 120, quick: 0)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
+    wait = args.wait_idle if args.wait_idle is not None else (0.0 if args.quick else 120.0)
+    info = machine()
+    if wait > 0:
+        info["foreign_cpu_share_at_start"] = round(wait_until_idle(min(wait, 180.0)), 3)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="avm-bench-") as tmp:
 
@@ -448,13 +550,21 @@ def main(argv: list[str] | None = None) -> int:
                 return await run(sizes, Path(tmp))
 
         figures = uvloop.run(bounded())
-    info = machine()
     result = {"mode": sizes.mode, "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
               "machine": info, "duration_s": round(time.monotonic() - started, 1),
               "figures": [f.as_dict() for f in figures]}
     print(f"AgentVM benchmarks ({sizes.mode}) — {result['date']} — {info['cores']} cores, {info['cpu']} — "
           f"Python {info['python']} — {info['platform']} — {result['duration_s']} s")
     print(table(figures))
+    busy = max((v for f in figures for k, v in f.details.items() if k.endswith("foreign_cpu_share")), default=0.0)
+    steal = max((v for f in figures for k, v in f.details.items() if k.endswith("steal_share")), default=0.0)
+    result["max_foreign_cpu_share"], result["max_steal_share"] = busy, steal
+    if busy > 0.05:
+        print(f"WARNING: other processes used up to {busy:.0%} of a core during a measurement; "
+              "the figures are unreliable. Run again on an idle machine.")
+    if steal > 0.1:
+        print(f"WARNING: the hypervisor gave up to {steal:.0%} of a core to other guests (steal) during a "
+              "measurement; the figures are noisy.")
     if args.json is not None:
         args.json.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return 0

@@ -124,7 +124,19 @@ def _word_chunks(text: str) -> list[str]:
 
 
 def _estimate_tokens(value: Any) -> int:
-    return max(1, len(orjson.dumps(value)) // 4)
+    """About four characters per token."""
+    if isinstance(value, str):
+        return max(1, len(value) // 4)
+    chars = 0
+    for entry in value:
+        content = entry.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+            continue
+        for block in content or []:
+            text = block.get("text") if block.get("type") == "text" else block.get("content")
+            chars += len(text) if isinstance(text, str) else 16
+    return max(1, chars // 4)
 
 
 def latest_user_text(messages: list[dict[str, Any]]) -> tuple[str, int]:

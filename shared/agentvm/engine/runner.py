@@ -40,10 +40,11 @@ from agentvm.drivers.base import (
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.coalescer import DeltaCoalescer
 from agentvm.engine.context import build_context
+from agentvm.engine.history import SessionHistory
 from agentvm.engine.tools import ToolRunner
 from agentvm.errors import AgentVMError, UpstreamError
 from agentvm.ids import message_id, now_ms
-from agentvm.money import DEFAULT_MARKUP, cost_of
+from agentvm.money import DEFAULT_MARKUP, cost_of, money_text
 from agentvm.ports import Driver, Store
 from agentvm.protocol import messages as msgs
 
@@ -87,8 +88,9 @@ class _Msg:
 
 class TurnRunner:
     def __init__(self, *, store: Store, driver: Driver, channel: SessionChannel, tools: ToolRunner,
-                 options: EngineOptions) -> None:
+                 options: EngineOptions, history: SessionHistory) -> None:
         self.store = store
+        self.history = history
         self.driver = driver
         self.channel = channel
         self.tools = tools
@@ -116,8 +118,7 @@ class TurnRunner:
         msg = _Msg()
         end_reason = "completed"
         try:
-            history = await self.store.list_messages(turn.tenant_id, turn.session_id)
-            context = build_context(history, until_message_id=turn.user_message_id)
+            context = build_context(await self.history.load(), until_message_id=turn.user_message_id)
             for _iteration in range(self.options.max_iterations):
                 if self._interrupted:
                     break
@@ -319,7 +320,7 @@ class TurnRunner:
     async def _finish(self, turn: Turn, started: float, msg: _Msg) -> None:
         usage = turn.usage = self._usage
         cost = cost_of(usage, turn.model or self.options.default_model, markup=self.options.markup)
-        turn.list_cost, turn.billed_cost = str(cost.list), str(cost.billed)
+        turn.list_cost, turn.billed_cost = money_text(cost.list), money_text(cost.billed)
         turn.ended_at = now_ms()
         duration = int((time.monotonic() - started) * 1000)
         self.channel.publish("turn_response", {
@@ -342,6 +343,7 @@ class TurnRunner:
             self._unsaved = cp.messages + self._unsaved
             self.channel.restore_pending(events)
             raise
+        self.history.extend(cp.messages)
 
 
 def _merge_usage(start: Usage, stop: Usage) -> Usage:

@@ -10,6 +10,7 @@ from collections import deque
 
 from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Turn, TurnStatus
 from agentvm.engine.channel import SessionChannel
+from agentvm.engine.history import SessionHistory
 from agentvm.engine.runner import TurnRunner
 from agentvm.ids import now_ms
 from agentvm.services.deps import Deps
@@ -23,6 +24,7 @@ class SessionActor:
         self.image = image
         self.channel = channel
         self.send_lock = asyncio.Lock()
+        self.history = SessionHistory(deps.store, image.tenant_id, image.session_id)
         self._queue: deque[Turn] = deque()
         self._runner: TurnRunner | None = None
         self._task: asyncio.Task[None] | None = None
@@ -87,7 +89,7 @@ class SessionActor:
             turn = self._queue.popleft()
             d = self.deps
             self._runner = TurnRunner(store=d.store, driver=d.driver, channel=self.channel, tools=d.tools,
-                                      options=d.options)
+                                      options=d.options, history=self.history)
             try:
                 await self._runner.run(turn, self.image)
             except asyncio.CancelledError:

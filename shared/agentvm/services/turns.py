@@ -46,10 +46,10 @@ class TurnService:
             body = msgs.user_message(mid, content, ts)
             turn = Turn(p.tenant_id, turn_id(), image.session_id, image.image_id, image.container_id, mid,
                         TurnStatus.QUEUED, ts)
-            await self.deps.store.commit(Checkpoint(p.tenant_id, image.session_id,
-                                                    messages=[StoredMessage(image.session_id, mid, body,
-                                                                            turn.turn_id)],
+            stored = StoredMessage(image.session_id, mid, body, turn.turn_id)
+            await self.deps.store.commit(Checkpoint(p.tenant_id, image.session_id, messages=[stored],
                                                     turns=[turn]))
+            actor.history.extend([stored])
             ch = actor.channel
             ch.publish("message_persisted", {"sessionId": image.session_id, "messageId": mid, "savedAt": now_ms()})
             ch.publish("user_message", body, exclude=connection_id, timestamp=ts)

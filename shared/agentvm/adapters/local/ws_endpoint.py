@@ -64,8 +64,8 @@ class WebSocketEndpoint:
                 data = msg.get("text")
                 if data is None:
                     data = msg.get("bytes")
-                if data is None:
-                    continue
+                if data is None or (isinstance(data, str) and data.startswith('{"__ack"')):
+                    continue  # ACKs are transport-level and need no task (the stock client sends one per frame)
                 # Requests run concurrently (spec §2.1); their tasks outlive a disconnect so that an
                 # accepted message is always stored and its turn always runs.
                 task = loop.create_task(self.router.handle_frame(principal, conn.id, data))
