@@ -119,6 +119,9 @@ async def test_tool_turn_data_matches_reference_with_real_ids(client: StockClien
     tr = get["turn_response"]
     assert tr["usage"] == {"inputTokens": 240, "outputTokens": 25, "cacheReadTokens": 80, "cacheWriteTokens": 0}
     assert tr["status"] == "completed" and tr["tier"] == "function" and tr["model"] == "claude-x"
+    # an unknown model is priced like the most expensive family (15/75/1.50 per million): never under-bill
+    # (240 × 15 + 25 × 75 + 80 × 1.50) / 1e6 = 0.005595; billed × 1.05
+    assert tr["cost"] == {"list": "0.00559500", "billed": "0.00587475", "currency": "USD"}
 
 
 async def test_error_turn_data_matches_reference(client: StockClient) -> None:

@@ -57,6 +57,14 @@ def test_billed_cost_is_list_price_times_markup_in_decimal() -> None:
     assert cost_of(Usage(5, 5), "scripted").billed == 0
 
 
+def test_tiny_and_zero_costs_are_written_in_fixed_point() -> None:
+    # str(Decimal) would give "8.0E-7" and "0E-8"
+    assert cost_of(Usage(1, 0), "claude-3-5-haiku").to_wire() == {
+        "list": "0.00000080", "billed": "0.00000084", "currency": "USD"}
+    assert cost_of(Usage(5, 5), "scripted").to_wire() == {"list": "0.00000000", "billed": "0.00000000",
+                                                          "currency": "USD"}
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(), st.binary(),
                  st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
