@@ -18,11 +18,7 @@ JSON = dict[str, Any]
 
 def conversation_order(messages: Iterable[StoredMessage]) -> list[StoredMessage]:
     """Group messages by turn, turns in order of first appearance; messages keep storage order."""
-    groups: dict[str, list[StoredMessage]] = {}
-    for i, m in enumerate(messages):
-        key = m.turn_id or f"_solo{i}"
-        groups.setdefault(key, []).append(m)
-    return [m for group in groups.values() for m in group]
+    return [m for group in turn_groups(messages).values() for m in group]
 
 
 def user_blocks(content: Any) -> list[JSON]:
@@ -63,6 +59,14 @@ def _decode_text(part: JSON) -> str:
         return data
 
 
+def turn_groups(history: Iterable[StoredMessage]) -> dict[str, list[StoredMessage]]:
+    """Messages grouped by turn, turns in order of first appearance; messages keep storage order."""
+    groups: dict[str, list[StoredMessage]] = {}
+    for i, m in enumerate(history):
+        groups.setdefault(m.turn_id or f"_solo{i}", []).append(m)
+    return groups
+
+
 def build_context(history: list[StoredMessage], *, until_message_id: str | None = None) -> list[JSON]:
     """Anthropic messages for the conversation, up to and including the turn of `until_message_id`.
 
@@ -70,22 +74,33 @@ def build_context(history: list[StoredMessage], *, until_message_id: str | None 
     message of tool_result blocks, error messages are left out, consecutive same-role messages are
     merged, and tool calls that never got a result (a failed or interrupted turn) are dropped.
     """
-    ordered = conversation_order(history)
-    if until_message_id is not None:
-        stop_turn = next((m.turn_id for m in ordered if m.message_id == until_message_id), None)
-        cut: list[StoredMessage] = []
-        seen_stop = False
-        for m in ordered:
-            if m.turn_id == stop_turn and stop_turn is not None:
-                seen_stop = True
-            elif seen_stop:
-                break
-            cut.append(m)
-            if stop_turn is None and m.message_id == until_message_id:
-                break
-        ordered = cut
+    groups = turn_groups(history)
+    chosen: list[list[StoredMessage]] = []
+    for group in groups.values():
+        chosen.append(group)
+        if until_message_id is not None and any(m.message_id == until_message_id for m in group):
+            break
+    return join_groups(build_group(g) for g in chosen)
 
-    answered = {m.body.get("toolCallId") for m in ordered if m.subtype == "tool-result"}
+
+def join_groups(groups: Iterable[list[JSON]]) -> list[JSON]:
+    """Concatenate built turn groups, merging same-role neighbours into new entries, so the groups'
+    own entries (which callers may cache) are never modified."""
+    out: list[JSON] = []
+    for entries in groups:
+        for entry in entries:
+            if out and out[-1]["role"] == entry["role"]:
+                out[-1] = {"role": entry["role"], "content": [*out[-1]["content"], *entry["content"]]}
+            else:
+                out.append(entry)
+    # The API requires the conversation to start with a user message.
+    start = next((i for i, e in enumerate(out) if e["role"] == "user"), len(out))
+    return out[start:]
+
+
+def build_group(messages: list[StoredMessage]) -> list[JSON]:
+    """The entries of one turn (or of one message that belongs to no turn)."""
+    answered = {m.body.get("toolCallId") for m in messages if m.subtype == "tool-result"}
     out: list[JSON] = []
     assistant_by_id: dict[str, JSON] = {}
 
@@ -99,7 +114,7 @@ def build_context(history: list[StoredMessage], *, until_message_id: str | None 
         out.append(entry)
         return entry
 
-    for m in ordered:
+    for m in messages:
         body = m.body
         sub = m.subtype
         if sub == "user":
@@ -138,7 +153,4 @@ def build_context(history: list[StoredMessage], *, until_message_id: str | None 
                            "content": value if isinstance(value, str) else str(value),
                            "is_error": str(output.get("type", "")).startswith("error")}])
         # error messages carry no conversation content
-    # The API requires the conversation to start with a user message.
-    while out and out[0]["role"] != "user":
-        out.pop(0)
     return out

@@ -1,11 +1,14 @@
-"""A session's stored history, read from the store once and then kept up to date in memory, so a
-turn does not re-read (and the engine does not re-scan) the whole conversation every time."""
+"""A session's stored history, read from the store once and then kept up to date in memory, with
+the LLM context of each turn built once: a new turn builds only its own messages, so the cost of
+a turn does not grow with the length of the conversation."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from agentvm.domain.models import StoredMessage
+from agentvm.engine.context import build_group, join_groups
 from agentvm.ports import Store
 
 
@@ -17,6 +20,9 @@ class SessionHistory:
         self._messages: list[StoredMessage] | None = None
         self._loading: asyncio.Task[None] | None = None
         self._arrived: list[StoredMessage] = []  # committed while the first read was running
+        # messages by turn (turns in order of first appearance), and each turn's built entries
+        self._groups: dict[str, list[StoredMessage]] = {}
+        self._built: dict[str, tuple[int, list[dict[str, Any]]]] = {}
 
     async def load(self) -> list[StoredMessage]:
         if self._messages is None:
@@ -36,10 +42,30 @@ class SessionHistory:
         rows.extend(m for m in self._arrived if m.message_id not in known)
         self._arrived = []
         self._messages = rows
+        self._group(rows)
 
     def extend(self, messages: list[StoredMessage]) -> None:
         """Record messages that were just committed to the store."""
         if self._messages is not None:
             self._messages.extend(messages)
+            self._group(messages)
         elif self._loading is not None:
             self._arrived.extend(messages)
+
+    def _group(self, messages: list[StoredMessage]) -> None:
+        for m in messages:
+            self._groups.setdefault(m.turn_id or f"_solo:{m.message_id}", []).append(m)
+
+    def context(self, until_turn_id: str) -> list[dict[str, Any]]:
+        """The LLM messages of the conversation up to and including turn `until_turn_id` (after
+        `load()`). Only turns whose messages changed since the last call are built again."""
+        chosen: list[list[dict[str, Any]]] = []
+        for key, group in self._groups.items():
+            cached = self._built.get(key)
+            if cached is None or cached[0] != len(group):
+                cached = (len(group), build_group(group))
+                self._built[key] = cached
+            chosen.append(cached[1])
+            if key == until_turn_id:
+                break
+        return join_groups(chosen)

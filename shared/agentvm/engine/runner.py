@@ -39,7 +39,6 @@ from agentvm.drivers.base import (
 )
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.coalescer import DeltaCoalescer
-from agentvm.engine.context import build_context
 from agentvm.engine.history import SessionHistory
 from agentvm.engine.tools import ToolRunner
 from agentvm.errors import AgentVMError, UpstreamError
@@ -118,7 +117,8 @@ class TurnRunner:
         msg = _Msg()
         end_reason = "completed"
         try:
-            context = build_context(await self.history.load(), until_message_id=turn.user_message_id)
+            await self.history.load()
+            context = self.history.context(turn.turn_id)
             for _iteration in range(self.options.max_iterations):
                 if self._interrupted:
                     break
