@@ -21,12 +21,18 @@ import json
 import math
 import random
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from agentvm.domain.models import Usage
+from agentvm.drivers.anthropic_common import (
+    ToolBlock,
+    connection_error,
+    status_error,
+    timeout_error,
+    unexpected_error,
+)
 from agentvm.drivers.base import (
     JSON,
     DriverEvent,
@@ -49,44 +55,11 @@ DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 INITIAL_RETRY_DELAY_S = 0.5
 MAX_RETRY_DELAY_S = 8.0
 
-# Anthropic error types worth retrying even when they arrive inside a 200 stream.
-_RETRYABLE_TYPES = frozenset({"rate_limit_error", "overloaded_error", "api_error", "timeout_error"})
-
-# Error code by HTTP status, for error bodies that carry no `error.type` (e.g. a proxy's page).
-_CODE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
 # The connection pool the SDK uses; idle connections are kept for httpx's default 5 s.
 _LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 
 # Sleeps between attempts go through here (tests replace it to observe the delays).
 _sleep = asyncio.sleep
-
-
-@dataclass(slots=True)
-class _ToolBlock:
-    tool_call_id: str
-    name: str
-    start_input: JSON
-    parts: list[str] = field(default_factory=list)
-
-    def parsed_input(self) -> JSON:
-        if not self.parts:
-            return self.start_input
-        try:
-            value = json.loads("".join(self.parts))
-        except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
 
 
 class _StatusFailure(Exception):
@@ -162,7 +135,7 @@ class _EventMapper:
         self.start_usage = Usage()
         self.final_usage: Usage | None = None
         self.stop_reason: str | None = None
-        self.tools: dict[int, _ToolBlock] = {}
+        self.tools: dict[int, ToolBlock] = {}
         self.stopped = False
 
     def map(self, payload: JSON) -> DriverEvent | None:
@@ -181,7 +154,7 @@ class _EventMapper:
         if kind == "content_block_start":
             block = _dict(payload.get("content_block"))
             if block.get("type") == "tool_use":
-                tool = _ToolBlock(_str(block.get("id")), _str(block.get("name")), dict(_dict(block.get("input"))))
+                tool = ToolBlock(_str(block.get("id")), _str(block.get("name")), dict(_dict(block.get("input"))))
                 self.tools[_int(payload.get("index"))] = tool
                 return ToolUseStart(tool_call_id=tool.tool_call_id, name=tool.name)
             return None
@@ -326,25 +299,12 @@ class AnthropicLiteDriver:
             raise UpstreamError("The Anthropic stream ended before message_stop",
                                 code="connection_error", retryable=True)
 
-    def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, "[redacted]") if self._api_key else text
-
     def _status_error(self, status: int, body: Any) -> UpstreamError:
-        error = body.get("error") if isinstance(body, dict) else None
-        error_type = error.get("type") if isinstance(error, dict) else None
-        error_message = error.get("message") if isinstance(error, dict) else None
-        code = error_type if isinstance(error_type, str) and error_type else _CODE_BY_STATUS.get(
-            status, "api_error" if status >= 500 else "upstream_error")
-        message = (error_message if isinstance(error_message, str) and error_message
-                   else f"Anthropic API error (HTTP {status})")
-        retryable = status in (408, 429) or status >= 500 or code in _RETRYABLE_TYPES
-        return UpstreamError(self._redact(message), code=code, retryable=retryable)
+        return status_error(status, body, self._api_key)
 
     def _upstream_error(self, exc: Exception) -> UpstreamError:
         if isinstance(exc, httpx.TimeoutException):
-            return UpstreamError("The request to Anthropic timed out", code="timeout", retryable=True)
+            return timeout_error()
         if isinstance(exc, httpx.TransportError):
-            return UpstreamError("Could not reach Anthropic or the connection was lost",
-                                 code="connection_error", retryable=True)
-        return UpstreamError(self._redact(f"Anthropic request failed: {type(exc).__name__}: {exc}"),
-                             code="upstream_error")
+            return connection_error()
+        return unexpected_error(exc, self._api_key)

@@ -9,9 +9,7 @@ scrubbed of it, and SDK exceptions (whose request objects carry the key header) 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from typing import cast
 
 import anthropic
@@ -19,8 +17,14 @@ import httpx2
 from anthropic.types import MessageParam, ToolUnionParam
 
 from agentvm.domain.models import Usage
+from agentvm.drivers.anthropic_common import (
+    ToolBlock,
+    connection_error,
+    status_error,
+    timeout_error,
+    unexpected_error,
+)
 from agentvm.drivers.base import (
-    JSON,
     DriverEvent,
     InputJsonDelta,
     LLMRequest,
@@ -31,39 +35,6 @@ from agentvm.drivers.base import (
     ToolUseStop,
 )
 from agentvm.errors import UpstreamError
-
-# Anthropic error types worth retrying even when they arrive inside a 200 stream.
-_RETRYABLE_TYPES = frozenset({"rate_limit_error", "overloaded_error", "api_error", "timeout_error"})
-
-# Error code by HTTP status, for error bodies that carry no `error.type` (e.g. a proxy's page).
-_CODE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
-
-@dataclass(slots=True)
-class _ToolBlock:
-    tool_call_id: str
-    name: str
-    start_input: JSON
-    parts: list[str] = field(default_factory=list)
-
-    def parsed_input(self) -> JSON:
-        if not self.parts:
-            return self.start_input
-        try:
-            value = json.loads("".join(self.parts))
-        except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
 
 
 class AnthropicDriver:
@@ -124,7 +95,7 @@ class AnthropicDriver:
         start_usage = Usage()
         final_usage: Usage | None = None
         stop_reason: str | None = None
-        tools: dict[int, _ToolBlock] = {}
+        tools: dict[int, ToolBlock] = {}
         stopped = False
         async with sdk_stream:
             async for event in sdk_stream:
@@ -144,7 +115,7 @@ class AnthropicDriver:
                     block = event.content_block
                     if block.type == "tool_use":
                         start_input = block.input if isinstance(block.input, dict) else {}
-                        tools[event.index] = _ToolBlock(block.id, block.name, dict(start_input))
+                        tools[event.index] = ToolBlock(block.id, block.name, dict(start_input))
                         yield ToolUseStart(tool_call_id=block.id, name=block.name)
                 elif event.type == "content_block_delta":
                     delta = event.delta
@@ -184,27 +155,13 @@ class AnthropicDriver:
             raise UpstreamError("The Anthropic stream ended before message_stop",
                                 code="connection_error", retryable=True)
 
-    def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, "[redacted]") if self._api_key else text
-
     def _upstream_error(self, exc: Exception) -> UpstreamError:
         if isinstance(exc, anthropic.APIStatusError):
-            status = exc.status_code
-            error = exc.body.get("error") if isinstance(exc.body, dict) else None
-            error_type = error.get("type") if isinstance(error, dict) else None
-            error_message = error.get("message") if isinstance(error, dict) else None
-            code = error_type if isinstance(error_type, str) and error_type else _CODE_BY_STATUS.get(
-                status, "api_error" if status >= 500 else "upstream_error")
-            message = (error_message if isinstance(error_message, str) and error_message
-                       else f"Anthropic API error (HTTP {status})")
-            retryable = status in (408, 429) or status >= 500 or code in _RETRYABLE_TYPES
-            return UpstreamError(self._redact(message), code=code, retryable=retryable)
+            return status_error(exc.status_code, exc.body, self._api_key)
         # APITimeoutError subclasses APIConnectionError; mid-stream transport failures are raised
         # by the HTTP library unwrapped.
         if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
-            return UpstreamError("The request to Anthropic timed out", code="timeout", retryable=True)
+            return timeout_error()
         if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
-            return UpstreamError("Could not reach Anthropic or the connection was lost",
-                                 code="connection_error", retryable=True)
-        return UpstreamError(self._redact(f"Anthropic request failed: {type(exc).__name__}: {exc}"),
-                             code="upstream_error")
+            return connection_error()
+        return unexpected_error(exc, self._api_key)
