@@ -74,7 +74,8 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     drv = driver or build_driver(settings)
     default_model = settings.llm_model if drv.name != "scripted" else "scripted"
     options = EngineOptions(default_model=default_model, max_tokens=settings.llm_max_tokens,
-                            flush_ms=settings.stream_flush_ms, max_iterations=settings.max_tool_iterations)
+                            flush_ms=settings.stream_flush_ms, max_flush_ms=settings.stream_max_flush_ms,
+                            max_iterations=settings.max_tool_iterations)
     services = Services(Deps(store=store, fanout=hub, driver=drv, options=options))
     router = CommandRouter(services, hub)
     open_principal = Principal(DEFAULT_TENANT)

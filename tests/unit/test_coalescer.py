@@ -40,3 +40,25 @@ async def test_a_hundred_deltas_over_a_second_become_about_one_frame_per_window(
     c.flush()
     assert "".join(out) == "".join(f"{i}," for i in range(100))
     assert len(out) <= 8  # ~1.2 s of deltas in 250 ms windows
+
+
+async def test_growing_window_keeps_a_long_reply_to_few_frames() -> None:
+    # 100 deltas over ~1 s with a 25 ms window growing ×1.5 to 100 ms: the cloud's 100 deltas over
+    # 10 s at 250 ms → 1 s, scaled down ten times. A fixed window would give ~40 frames.
+    out: list[str] = []
+    c = DeltaCoalescer(25, out.append, max_flush_ms=100)
+    for i in range(100):
+        c.text(f"{i},")
+        await asyncio.sleep(0.01)
+    c.flush()
+    assert "".join(out) == "".join(f"{i}," for i in range(100))
+    assert out[0] == "0,"
+    # with the ~8 other events of a turn this stays within 25 frames
+    assert len(out) <= 17, len(out)
+    fixed: list[str] = []
+    f = DeltaCoalescer(25, fixed.append)
+    for i in range(100):
+        f.text(f"{i},")
+        await asyncio.sleep(0.01)
+    f.flush()
+    assert len(fixed) > len(out) + 10

@@ -1,7 +1,9 @@
 """Text-delta coalescing: the first delta goes at once, later ones merge into one per window.
 
-API Gateway bills every frame, so a reply of 100 deltas over 10 s becomes ~40 frames at 250 ms.
-Any other event flushes the pending text first, so the event order never changes.
+API Gateway bills every frame. With a fixed 250 ms window a reply of 100 deltas over 10 s is still
+~40 frames, so the window may grow after each flush (×1.5, up to `max_flush_ms`): the start of a
+reply streams briskly and a long reply costs ~12 frames. Any other event flushes the pending text
+first, so the event order never changes.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ import time
 from collections.abc import Callable
 
 
+GROWTH = 1.5
+
+
 class DeltaCoalescer:
-    def __init__(self, flush_ms: int, emit_text: Callable[[str], None]) -> None:
+    def __init__(self, flush_ms: int, emit_text: Callable[[str], None], *, max_flush_ms: int = 0) -> None:
         self._window = flush_ms / 1000.0
+        self._max_window = max(self._window, max_flush_ms / 1000.0)
         self._emit_text = emit_text
         self._buf: list[str] = []
         self._last_emit = float("-inf")
@@ -43,6 +49,7 @@ class DeltaCoalescer:
             text = "".join(self._buf)
             self._buf.clear()
             self._last_emit = time.monotonic()
+            self._window = min(self._window * GROWTH, self._max_window)
             self._emit_text(text)
 
     @property

@@ -56,6 +56,7 @@ class EngineOptions:
     default_model: str
     max_tokens: int
     flush_ms: int = 0
+    max_flush_ms: int = 0
     max_iterations: int = 25
     markup: Decimal = DEFAULT_MARKUP
     tier: str = "function"
@@ -202,7 +203,8 @@ class TurnRunner:
                 elif isinstance(ev, MessageStart):
                     msg.message_id, msg.model, msg.usage = ev.message_id, ev.model, ev.usage
                     msg.started_at = now_ms()
-                    msg.coalescer = DeltaCoalescer(self.options.flush_ms, self._emit_text)
+                    msg.coalescer = DeltaCoalescer(self.options.flush_ms, self._emit_text,
+                                                   max_flush_ms=self.options.max_flush_ms)
                     ch.publish("message_start", {"messageId": ev.message_id, "model": ev.model})
                     ch.publish("conversation_start", {"messageId": ev.message_id})
                 elif isinstance(ev, ToolUseStart):
