@@ -80,6 +80,18 @@ class Store(Protocol):
         ...
 
 
+class SessionLeases(Protocol):
+    """Cloud only: one publisher per session at a time (seqs must reach clients in order)."""
+
+    async def acquire_lease(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
+                            seq_block: int) -> tuple[int, int] | None:
+        """The lease plus a reserved block of seqs, or None when another owner holds it."""
+        ...
+
+    async def renew_lease(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> bool: ...
+    async def release_lease(self, tenant_id: str, session_id: str, owner: str) -> bool: ...
+
+
 class Gateway(Protocol):
     """Pushes one encoded frame to one client connection (API Gateway `post_to_connection`)."""
 

@@ -12,7 +12,6 @@ import asyncio
 import time
 from collections.abc import Callable
 
-
 GROWTH = 1.5
 
 

@@ -469,6 +469,55 @@ class DynamoDBStore:
         newest = await self._newest_event(_session_pk(tenant_id, session_id))
         return _int(newest, "seq") if newest is not None and _alive(newest, int(self._clock())) else 0
 
+    async def acquire_lease(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
+                            seq_block: int) -> tuple[int, int] | None:
+        """Take the session's publish lease (free, expired, or already `owner`'s) and reserve a block
+        of seqs in the same conditional write. None when someone else holds it (or no session)."""
+        pk = _session_pk(tenant_id, session_id)
+        evlog = _evlog_keys(tenant_id, session_id)
+        now = int(self._clock() * 1000)
+        try:
+            resp = await self.client.update_item(
+                TableName=self.table_name, Key=_key(pk, "SESS"),
+                UpdateExpression="SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk "
+                                 "ADD seq_reserved :b",
+                ConditionExpression="attribute_exists(PK) AND (attribute_not_exists(lease_until) "
+                                    "OR lease_until < :now OR lease_owner = :o)",
+                ExpressionAttributeValues={":o": _s(owner), ":u": _n(now + ttl_ms), ":now": _n(now),
+                                           ":b": _n(seq_block), ":spk": evlog["SPK"], ":ssk": evlog["SSK"]},
+                ReturnValues="UPDATED_NEW")
+        except ClientError as exc:
+            if _conditional_failed(exc):
+                return None
+            raise
+        until = _int(resp["Attributes"], "seq_reserved")
+        return until - seq_block + 1, until
+
+    async def renew_lease(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> bool:
+        now = int(self._clock() * 1000)
+        try:
+            await self.client.update_item(
+                TableName=self.table_name, Key=_key(_session_pk(tenant_id, session_id), "SESS"),
+                UpdateExpression="SET lease_until = :u", ConditionExpression="lease_owner = :o",
+                ExpressionAttributeValues={":o": _s(owner), ":u": _n(now + ttl_ms)})
+        except ClientError as exc:
+            if _conditional_failed(exc):
+                return False
+            raise
+        return True
+
+    async def release_lease(self, tenant_id: str, session_id: str, owner: str) -> bool:
+        try:
+            await self.client.update_item(
+                TableName=self.table_name, Key=_key(_session_pk(tenant_id, session_id), "SESS"),
+                UpdateExpression="REMOVE lease_owner, lease_until", ConditionExpression="lease_owner = :o",
+                ExpressionAttributeValues={":o": _s(owner)})
+        except ClientError as exc:
+            if _conditional_failed(exc):
+                return False
+            raise
+        return True
+
     async def reserve_seqs(self, tenant_id: str, session_id: str, block: int) -> tuple[int, int]:
         """An atomic counter on the session item (`ADD seq_reserved`), floored at the newest logged seq.
 
@@ -774,7 +823,10 @@ def _turn(i: Mapping[str, Any]) -> Turn:
 
 
 if TYPE_CHECKING:
-    from agentvm.ports import Store
+    from agentvm.ports import SessionLeases, Store
 
     def _implements_store(store: DynamoDBStore) -> Store:  # mypy checks the port's signatures
+        return store
+
+    def _implements_leases(store: DynamoDBStore) -> SessionLeases:
         return store
