@@ -1,0 +1,240 @@
+"""The Fanout port for one Lambda invocation: API Gateway connections, subscriptions in DynamoDB.
+
+Publishing stays synchronous for the engine: every event goes into one ordered pipeline, resolved
+to connections (a session's subscribers are read from the registry and cached for `refresh_s`),
+and posted through the Gateway by one sender per connection, so each connection receives events in
+publish order. `drain()` waits until everything is posted; a handler calls it before returning.
+
+A subscriber that appears while this invocation publishes (found at a refresh) first gets, from
+this invocation's own log, the events above both its `afterSeq` and what was already replayed to it;
+one still owed a replay from the stored log (`pending`) gets that first through `replay_source`.
+A connection that API Gateway reports gone is dropped with all its records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from agentvm.domain.models import LoggedEvent, Subscription
+from agentvm.ports import ConnectionRegistry, EventSource, Gateway
+
+log = logging.getLogger(__name__)
+
+ReplaySource = Callable[[str, int], Awaitable[list[LoggedEvent]]]
+
+
+@dataclass(slots=True)
+class _Peer:
+    connection_id: str
+    queue: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
+    sender: asyncio.Task[None] | None = None
+    gone: bool = False
+    # session_id → highest seq sent to this connection in this invocation
+    sent: dict[str, int] = field(default_factory=dict)
+
+
+class CloudFanout:
+    def __init__(self, *, gateway: Gateway, registry: ConnectionRegistry, tenant_id: str,
+                 refresh_s: float = 1.0, replay_source: ReplaySource | None = None) -> None:
+        self.gateway = gateway
+        self.registry = registry
+        self.tenant_id = tenant_id
+        self.refresh_s = refresh_s
+        self.replay_source = replay_source
+        self._ops: asyncio.Queue[tuple[str, tuple[object, ...]] | None] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self._peers: dict[str, _Peer] = {}
+        self._subs: dict[str, tuple[float, dict[str, Subscription]]] = {}
+        # subscriptions made by this invocation: effective at once, whatever the registry returns yet
+        self._local: dict[str, dict[str, Subscription]] = {}
+        self._log: dict[str, list[tuple[int, str]]] = {}  # what this invocation published per session
+        self._writes: set[asyncio.Task[None]] = set()
+
+    # ---- Fanout port ---------------------------------------------------------------------------
+
+    def to_connection(self, connection_id: str, payload: str) -> None:
+        self._op("conn", connection_id, payload)
+
+    def to_session(self, session_id: str, seq: int, payload: str, *, exclude: str | None = None) -> None:
+        self._log.setdefault(session_id, []).append((seq, payload))
+        self._op("session", session_id, seq, payload, exclude)
+
+    def to_container(self, tenant_id: str, container_id: str, payload: str) -> None:
+        self._op("container", tenant_id, container_id, payload)
+
+    def watch(self, connection_id: str, container_id: str) -> None:
+        self._write(self.registry.watch(self.tenant_id, container_id, connection_id))
+
+    def attach(self, connection_id: str, session_id: str, container_id: str) -> None:
+        """Live events only: recorded for later invocations and effective at once for this one."""
+        self.watch(connection_id, container_id)
+        cached = self._subs.get(session_id)
+        if connection_id in self._local.get(session_id, {}) or (cached is not None and connection_id in cached[1]):
+            return
+        sub = Subscription(connection_id)
+        self._remember(session_id, sub)
+        self._op("mark", connection_id, session_id)
+        self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
+
+    async def subscribe(self, connection_id: str, session_id: str, container_id: str, after_seq: int | None,
+                        source: EventSource) -> None:
+        """Replay the stored log above `after_seq` (the caller holds the session lease, so the log is
+        complete), then record how far the replay went."""
+        self.watch(connection_id, container_id)
+        if after_seq is None:
+            self.attach(connection_id, session_id, container_id)
+            return
+        events = await source(after_seq)
+        last = after_seq
+        for e in events:
+            if e.seq > last:
+                self.to_connection(connection_id, e.payload)
+                last = e.seq
+        sub = Subscription(connection_id, after_seq=after_seq, replayed_seq=last)
+        self._remember(session_id, sub)
+        self._op("mark", connection_id, session_id, last)
+        self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
+
+    # ---- invocation lifecycle --------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Wait until every queued event is posted and every registry write is done."""
+        if self._worker is not None:
+            await self._ops.put(None)
+            await self._worker
+            self._worker = None
+        for peer in self._peers.values():
+            if peer.sender is not None:
+                await peer.queue.put(None)
+                await peer.sender
+                peer.sender = None
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    def listeners(self, session_id: str) -> int:
+        """Connections of the session still reachable (0: nobody is left to stream to)."""
+        cached = self._subs.get(session_id)
+        if cached is None:
+            return -1  # not known yet
+        return sum(1 for c in cached[1] if not self._peer(c).gone)
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _remember(self, session_id: str, sub: Subscription) -> None:
+        self._local.setdefault(session_id, {})[sub.connection_id] = sub
+        cached = self._subs.get(session_id)
+        if cached is not None:
+            cached[1][sub.connection_id] = sub
+
+    def _op(self, kind: str, *args: object) -> None:
+        if self._worker is None:
+            self._worker = asyncio.get_running_loop().create_task(self._run())
+        self._ops.put_nowait((kind, args))
+
+    def _write(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    def _peer(self, connection_id: str) -> _Peer:
+        peer = self._peers.get(connection_id)
+        if peer is None:
+            peer = self._peers[connection_id] = _Peer(connection_id)
+        return peer
+
+    def _send(self, connection_id: str, payload: str) -> None:
+        peer = self._peer(connection_id)
+        if peer.gone:
+            return
+        if peer.sender is None:
+            peer.sender = asyncio.get_running_loop().create_task(self._post_loop(peer))
+        peer.queue.put_nowait(payload)
+
+    async def _run(self) -> None:
+        while True:
+            op = await self._ops.get()
+            if op is None:
+                return
+            kind, args = op
+            try:
+                if kind == "conn":
+                    self._send(str(args[0]), str(args[1]))
+                elif kind == "session":
+                    await self._deliver(str(args[0]), int(str(args[1])), str(args[2]),
+                                        None if args[3] is None else str(args[3]))
+                elif kind == "container":
+                    for cid in await self.registry.watchers(str(args[0]), str(args[1])):
+                        self._send(cid, str(args[2]))
+                elif kind == "mark":
+                    peer = self._peer(str(args[0]))
+                    if len(args) > 2:
+                        peer.sent[str(args[1])] = max(peer.sent.get(str(args[1]), 0), int(str(args[2])))
+                    else:
+                        peer.sent.setdefault(str(args[1]), 0)
+            except Exception:
+                log.exception("fan-out failed", extra={"op": kind})
+
+    async def _deliver(self, session_id: str, seq: int, payload: str, exclude: str | None) -> None:
+        subs = await self._subscribers(session_id, seq)
+        for cid, sub in subs.items():
+            peer = self._peer(cid)
+            if seq <= peer.sent.get(session_id, sub.replayed_seq):
+                continue
+            peer.sent[session_id] = seq
+            if cid != exclude:
+                self._send(cid, payload)
+
+    async def _subscribers(self, session_id: str, current_seq: int) -> dict[str, Subscription]:
+        now = time.monotonic()
+        cached = self._subs.get(session_id)
+        if cached is not None and now - cached[0] < self.refresh_s:
+            return cached[1]
+        fresh = {s.connection_id: s for s in await self.registry.subscribers(self.tenant_id, session_id)}
+        known = cached[1] if cached is not None else {}
+        for cid, sub in fresh.items():
+            if cid not in known and cached is not None:
+                await self._catch_up(session_id, sub, current_seq)
+        local = self._local.get(session_id, {})
+        merged = {**fresh, **{c: s for c, s in {**known, **local}.items() if c not in fresh}}
+        self._subs[session_id] = (now, merged)
+        return merged
+
+    async def _catch_up(self, session_id: str, sub: Subscription, current_seq: int) -> None:
+        """A subscriber that arrived while this invocation was publishing: send it what it missed
+        below the event being delivered now (that one, and later ones, follow in order)."""
+        peer = self._peer(sub.connection_id)
+        floor = max(sub.after_seq, sub.replayed_seq, peer.sent.get(session_id, 0))
+        mine = self._log.get(session_id, [])
+        if sub.pending and self.replay_source is not None:
+            first_mine = mine[0][0] if mine else None
+            for e in await self.replay_source(session_id, floor):
+                if e.seq > floor and (first_mine is None or e.seq < first_mine):
+                    self._send(sub.connection_id, e.payload)
+                    floor = e.seq
+            self._write(self.registry.put_subscription(
+                self.tenant_id, session_id, Subscription(sub.connection_id, sub.after_seq, floor, False)))
+        for seq, payload in mine:
+            if floor < seq < current_seq:
+                self._send(sub.connection_id, payload)
+                floor = seq
+        peer.sent[session_id] = floor
+
+    async def _post_loop(self, peer: _Peer) -> None:
+        while True:
+            payload = await peer.queue.get()
+            if payload is None:
+                return
+            if peer.gone:
+                continue
+            try:
+                ok = await self.gateway.post(peer.connection_id, payload)
+            except Exception:
+                log.exception("post failed", extra={"connection_id": peer.connection_id})
+                ok = True  # not known to be gone; the frame is lost, the connection kept
+            if not ok:
+                peer.gone = True
+                self._write(self.registry.delete_connection(peer.connection_id))

@@ -1,0 +1,137 @@
+"""CloudFanout with an in-memory API Gateway and connection registry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from agentvm.adapters.aws.cloud_fanout import CloudFanout
+from agentvm.domain.models import ConnectionRecord, LoggedEvent, Subscription
+
+
+class FakeGateway:
+    def __init__(self, gone: set[str] | None = None) -> None:
+        self.posts: list[tuple[str, str]] = []
+        self.gone = gone or set()
+
+    async def post(self, connection_id: str, frame: str) -> bool:
+        await asyncio.sleep(0)
+        if connection_id in self.gone:
+            return False
+        self.posts.append((connection_id, frame))
+        return True
+
+    def frames(self, connection_id: str) -> list[int]:
+        return [json.loads(f)["seq"] for c, f in self.posts if c == connection_id]
+
+
+class MemoryRegistry:
+    def __init__(self) -> None:
+        self.subs: dict[tuple[str, str], dict[str, Subscription]] = {}
+        self.watches: dict[tuple[str, str], set[str]] = {}
+        self.deleted: list[str] = []
+
+    async def put_connection(self, record: ConnectionRecord) -> None: ...
+    async def get_connection(self, connection_id: str) -> ConnectionRecord | None:
+        return None
+
+    async def delete_connection(self, connection_id: str) -> None:
+        self.deleted.append(connection_id)
+        for subs in self.subs.values():
+            subs.pop(connection_id, None)
+
+    async def put_subscription(self, tenant_id: str, session_id: str, sub: Subscription) -> None:
+        self.subs.setdefault((tenant_id, session_id), {})[sub.connection_id] = sub
+
+    async def subscribers(self, tenant_id: str, session_id: str) -> list[Subscription]:
+        return list(self.subs.get((tenant_id, session_id), {}).values())
+
+    async def watch(self, tenant_id: str, container_id: str, connection_id: str) -> None:
+        self.watches.setdefault((tenant_id, container_id), set()).add(connection_id)
+
+    async def watchers(self, tenant_id: str, container_id: str) -> list[str]:
+        return sorted(self.watches.get((tenant_id, container_id), set()))
+
+
+def ev(seq: int) -> str:
+    return json.dumps({"type": "text_delta", "seq": seq})
+
+
+async def test_session_events_reach_every_subscriber_in_order_and_not_the_excluded() -> None:
+    gw, reg = FakeGateway(), MemoryRegistry()
+    await reg.put_subscription("t1", "s1", Subscription("a"))
+    await reg.put_subscription("t1", "s1", Subscription("b"))
+    await reg.put_subscription("t2", "s1", Subscription("other-tenant"))
+    fan = CloudFanout(gateway=gw, registry=reg, tenant_id="t1")
+    for seq in range(1, 6):
+        fan.to_session("s1", seq, ev(seq), exclude="b" if seq == 2 else None)
+    fan.to_connection("a", json.dumps({"type": "x_response", "seq": 99}))
+    await fan.drain()
+    assert gw.frames("a") == [1, 2, 3, 4, 5, 99]
+    assert gw.frames("b") == [1, 3, 4, 5]
+    assert gw.frames("other-tenant") == []
+
+
+async def test_lifecycle_events_go_to_the_container_watchers() -> None:
+    gw, reg = FakeGateway(), MemoryRegistry()
+    fan = CloudFanout(gateway=gw, registry=reg, tenant_id="t1")
+    fan.watch("a", "user-1")
+    await fan.drain()
+    fan.to_container("t1", "user-1", ev(1))
+    fan.to_container("t1", "user-2", ev(2))
+    await fan.drain()
+    assert gw.frames("a") == [1]
+
+
+async def test_a_gone_connection_is_dropped_and_counted_out() -> None:
+    gw, reg = FakeGateway(gone={"b"}), MemoryRegistry()
+    await reg.put_subscription("t1", "s1", Subscription("a"))
+    await reg.put_subscription("t1", "s1", Subscription("b"))
+    fan = CloudFanout(gateway=gw, registry=reg, tenant_id="t1")
+    fan.to_session("s1", 1, ev(1))
+    fan.to_session("s1", 2, ev(2))
+    await fan.drain()
+    assert gw.frames("a") == [1, 2]
+    assert reg.deleted == ["b"]
+    assert fan.listeners("s1") == 1
+
+
+async def test_a_subscriber_arriving_mid_stream_gets_what_it_missed_once_in_order() -> None:
+    gw, reg = FakeGateway(), MemoryRegistry()
+    await reg.put_subscription("t1", "s1", Subscription("a"))
+    stored = [LoggedEvent(s, "text_delta", ev(s), 0) for s in (3, 4)]  # from an earlier invocation
+
+    async def replay(session_id: str, after: int) -> list[LoggedEvent]:
+        return [e for e in stored if e.seq > after]
+
+    fan = CloudFanout(gateway=gw, registry=reg, tenant_id="t1", refresh_s=0, replay_source=replay)
+    for seq in (10, 11, 12):
+        fan.to_session("s1", seq, ev(seq))
+    await fan.drain()
+    # b reconnected elsewhere with afterSeq=2; its stored-log replay is owed by this lease holder
+    await reg.put_subscription("t1", "s1", Subscription("b", after_seq=2, pending=True))
+    # c was already replayed up to 11 by ws_default
+    await reg.put_subscription("t1", "s1", Subscription("c", after_seq=5, replayed_seq=11))
+    for seq in (13, 14):
+        fan.to_session("s1", seq, ev(seq))
+    await fan.drain()
+    assert gw.frames("a") == [10, 11, 12, 13, 14]
+    assert gw.frames("b") == [3, 4, 10, 11, 12, 13, 14]
+    assert gw.frames("c") == [12, 13, 14]
+    assert reg.subs[("t1", "s1")]["b"] == Subscription("b", 2, 4, False)
+
+
+async def test_subscribe_with_after_seq_replays_and_records_how_far() -> None:
+    gw, reg = FakeGateway(), MemoryRegistry()
+    fan = CloudFanout(gateway=gw, registry=reg, tenant_id="t1")
+
+    async def source(after_seq: int) -> list[LoggedEvent]:
+        return [LoggedEvent(s, "x", ev(s), 0) for s in (5, 6, 7) if s > after_seq]
+
+    await fan.subscribe("a", "s1", "user-1", 5, source)
+    fan.to_session("s1", 7, ev(7))  # already replayed: not sent twice
+    fan.to_session("s1", 8, ev(8))
+    await fan.drain()
+    assert gw.frames("a") == [6, 7, 8]
+    assert reg.subs[("t1", "s1")]["a"] == Subscription("a", after_seq=5, replayed_seq=7)
+    assert await reg.watchers("t1", "user-1") == ["a"]
