@@ -1,7 +1,8 @@
 """AWS adapter fixtures: one moto server (server mode) per test session, dummy credentials per test.
 
-aiobotocore talks HTTP to the server like to AWS; moto's in-process mock does not patch aiohttp
-reliably. Each test creates its own uniquely named table or bucket, so tests never share state.
+The adapters' botocore clients talk HTTP to the server exactly as to AWS (they run on a thread
+pool, which moto's in-process mock would not see consistently). Each test creates its own uniquely
+named table or bucket, so tests never share state.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import aioboto3
+import botocore.session
 import pytest
 from moto.server import ThreadedMotoServer
+
+from agentvm.adapters.aws.botocore_async import dummy_session
 
 REGION = "us-east-1"
 
@@ -51,9 +54,9 @@ def moto_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def aws_session() -> aioboto3.Session:
+def aws_session() -> botocore.session.Session:
     """One session for every test, with dummy credentials: botocore loads each service model once."""
-    return aioboto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
+    return dummy_session(REGION)
 
 
 @pytest.fixture

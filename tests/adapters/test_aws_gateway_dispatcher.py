@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import json
 
-import aioboto3
 import pytest
 from botocore.stub import Stubber
 
 from agentvm.adapters.aws.apigw_gateway import MAX_FRAME_BYTES, ApiGatewayGateway
+from agentvm.adapters.aws.botocore_async import dummy_session
 from agentvm.adapters.aws.lambda_dispatcher import LambdaDispatcher
 
-SESSION = aioboto3.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
+SESSION = dummy_session()
 ENDPOINT = "https://abc123.execute-api.us-east-1.amazonaws.com/prod"
 
 
 async def stubbed_gateway() -> tuple[ApiGatewayGateway, Stubber]:
     gw = ApiGatewayGateway(ENDPOINT, session=SESSION, max_retries=2)
-    stub = Stubber(await gw._client.get())
+    stub = Stubber((await gw._client.get()).raw)
     stub.activate()
     return gw, stub
 
@@ -69,7 +69,7 @@ async def test_payload_too_large_is_refused_without_killing_the_caller() -> None
 
 async def test_dispatcher_invokes_chat_turn_asynchronously() -> None:
     d = LambdaDispatcher("arn:aws:lambda:us-east-1:123456789012:function:chat_turn:live", session=SESSION)
-    stub = Stubber(await d._client.get())
+    stub = Stubber((await d._client.get()).raw)
     stub.activate()
     stub.add_response("invoke", {"StatusCode": 202}, {
         "FunctionName": "arn:aws:lambda:us-east-1:123456789012:function:chat_turn:live",

@@ -6,7 +6,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import aioboto3
+import botocore.session
 import pytest
 
 from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
@@ -15,7 +15,7 @@ from agentvm.domain.models import ConnectionRecord, Subscription
 
 
 @pytest.fixture
-async def registry(aws_env: None, aws_session: aioboto3.Session, moto_endpoint: str) -> AsyncIterator[
+async def registry(aws_env: None, aws_session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[
         DynamoDBConnections]:
     store = DynamoDBStore(f"agentvm-{uuid.uuid4().hex[:16]}", session=aws_session, endpoint_url=moto_endpoint)
     await store.open()

@@ -6,7 +6,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
-import aioboto3
+import botocore.session
 import pytest
 
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
@@ -22,7 +22,8 @@ class Clock:
 
 
 @pytest.fixture
-async def store(aws_env: None, aws_session: aioboto3.Session, moto_endpoint: str) -> AsyncIterator[DynamoDBStore]:
+async def store(aws_env: None, aws_session: botocore.session.Session,
+                moto_endpoint: str) -> AsyncIterator[DynamoDBStore]:
     clock = Clock()
     s = DynamoDBStore(f"agentvm-{uuid.uuid4().hex[:16]}", session=aws_session, endpoint_url=moto_endpoint,
                       clock=clock)

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aioboto3
+import botocore.session
 import pytest
 
 from agentvm.adapters.aws.dynamodb_store import (
@@ -62,7 +62,7 @@ class Calls:
 
 
 @pytest.fixture
-async def make_store(aws_env: None, aws_session: aioboto3.Session,
+async def make_store(aws_env: None, aws_session: botocore.session.Session,
                      moto_endpoint: str) -> AsyncIterator[Callable[..., Awaitable[DynamoDBStore]]]:
     opened: list[DynamoDBStore] = []
 

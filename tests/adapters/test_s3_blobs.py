@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-import aioboto3
+import botocore.session
 import httpx
 import pytest
+from botocore.config import Config
 
 from agentvm.adapters.aws.blob_port import BlobStore
+from agentvm.adapters.aws.botocore_async import new_client
 from agentvm.adapters.aws.s3_blobs import S3BlobStore
 from agentvm.errors import InvalidRequest
 
@@ -21,9 +23,11 @@ pytestmark = pytest.mark.usefixtures("aws_env")
 
 
 @pytest.fixture
-async def s3(aws_session: aioboto3.Session, moto_endpoint: str) -> AsyncIterator[S3Client]:
-    async with aws_session.client("s3", endpoint_url=moto_endpoint) as client:
-        yield client
+async def s3(aws_session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[S3Client]:
+    client = new_client("s3", session=aws_session, endpoint_url=moto_endpoint,
+                        config=Config(s3={"addressing_style": "path"}))
+    yield cast("S3Client", client)
+    await client.close()
 
 
 @pytest.fixture
@@ -34,7 +38,7 @@ async def bucket(s3: S3Client) -> str:
 
 
 @pytest.fixture
-async def blobs(bucket: str, aws_session: aioboto3.Session, moto_endpoint: str) -> AsyncIterator[S3BlobStore]:
+async def blobs(bucket: str, aws_session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[S3BlobStore]:
     store = S3BlobStore(bucket, prefix="/tenants/t1/", session=aws_session, endpoint_url=moto_endpoint)
     await store.open()
     yield store
@@ -92,7 +96,7 @@ async def test_keys_cannot_leave_the_prefix(blobs: S3BlobStore, key: str) -> Non
 
 
 async def test_without_a_prefix_keys_are_used_as_given_and_the_client_opens_lazily(
-        s3: S3Client, bucket: str, aws_session: aioboto3.Session, moto_endpoint: str) -> None:
+        s3: S3Client, bucket: str, aws_session: botocore.session.Session, moto_endpoint: str) -> None:
     store = S3BlobStore(bucket, session=aws_session, endpoint_url=moto_endpoint)
     try:
         assert await store.put("top.txt", b"1") == "top.txt"

@@ -1,7 +1,7 @@
 """template.yaml: the linters, the DynamoDB schema, and the cost and security rules of the cloud tier.
 
 cfn-lint comes from the project venv (the `dev` extra); `sam validate` from the separate SAM CLI venv
-that `make test` builds (`$(SAM_VENV)`, default `.venv-sam`; its boto3 pin conflicts with aioboto3).
+that `make test` builds (`$(SAM_VENV)`, default `.venv-sam`; its boto3 pin conflicts with the project's).
 A missing tool skips its test with the reason; the structural checks need neither.
 """
 
@@ -38,9 +38,10 @@ FUNCTIONS: dict[str, str] = {
 #: Regions cfn-lint checks resource availability in (SnapStart, arm64, GLACIER_IR, ...).
 LINT_REGIONS = ("us-east-1", "us-west-2", "eu-west-1", "eu-central-1", "ap-southeast-1", "ap-northeast-1")
 #: Packages the function tier must not carry (the SDK-free driver replaces anthropic; the rest is `avm serve`).
-NOT_IN_LAYER = ("anthropic", "uvicorn", "websockets")
-LAYER_MUST_HAVE = ("pydantic", "pydantic-settings", "orjson", "httpx", "pyyaml", "aioboto3", "aiobotocore",
-                   "boto3", "botocore", "aws-lambda-powertools", "mangum", "fastapi", "starlette")
+#: aioboto3/aiobotocore/aiohttp: ~1 s of cold start; the AWS adapters use botocore on a thread pool.
+NOT_IN_LAYER = ("anthropic", "uvicorn", "websockets", "aioboto3", "aiobotocore", "aiohttp")
+LAYER_MUST_HAVE = ("pydantic", "pydantic-settings", "orjson", "httpx", "pyyaml", "boto3", "botocore",
+                   "aws-lambda-powertools", "mangum", "fastapi", "starlette")
 WS_API_ARN_PREFIX = "arn:${AWS::Partition}:execute-api:${AWS::Region}:${AWS::AccountId}:${WebSocketApi}/"
 CONFIG_PARAMETER_ARN = "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/agentvm/${AWS::StackName}"
 NO_VALUE = {"Ref": "AWS::NoValue"}

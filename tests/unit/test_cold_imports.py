@@ -76,3 +76,16 @@ def test_streaming_with_the_lite_driver_does_not_load_the_sdk(fake: FakeAnthropi
 
     assert _run(code, fake.base_url) == []
     assert len(fake.requests) == 1
+
+
+def test_the_aws_adapters_load_neither_aioboto3_nor_aiohttp() -> None:
+    # aioboto3 + aiohttp cost ~1 s of cold start (docs/cloud-design.md): botocore on a thread pool.
+    code = textwrap.dedent("""
+        import json, sys
+        import agentvm.adapters.aws.dynamodb_store, agentvm.adapters.aws.dynamodb_connections
+        import agentvm.adapters.aws.s3_blobs, agentvm.adapters.aws.apigw_gateway
+        import agentvm.adapters.aws.lambda_dispatcher, agentvm.adapters.aws.cloud_fanout
+        heavy = ("aioboto3", "aiobotocore", "aiohttp", "anthropic", "fastapi")
+        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
+    """)
+    assert _run(code) == []

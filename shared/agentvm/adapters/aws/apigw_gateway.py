@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 
-import aioboto3
+import botocore.session
 from botocore.exceptions import ClientError
 
 from agentvm.adapters.aws.clients import LazyClient
@@ -20,7 +20,7 @@ _GONE = frozenset({"GoneException", "ForbiddenException"})
 
 
 class ApiGatewayGateway:
-    def __init__(self, endpoint_url: str, *, session: aioboto3.Session | None = None,
+    def __init__(self, endpoint_url: str, *, session: botocore.session.Session | None = None,
                  region_name: str | None = None, max_retries: int = 3) -> None:
         self._client = LazyClient("apigatewaymanagementapi", session=session, endpoint_url=endpoint_url,
                                   region_name=region_name)

@@ -1,4 +1,4 @@
-"""The Store port on one DynamoDB table (on-demand), through aioboto3.
+"""The Store port on one DynamoDB table (on-demand), through botocore (`botocore_async`).
 
 Single-table design. Every id in a key is escaped (`%` → `%25`, `#` → `%23`), so a client-chosen id
 can never forge another tenant's key. `{created}` is epoch ms zero-padded to 16 digits, `{seq}` is
@@ -66,7 +66,6 @@ reservation) · prune_events 8 R + per session (1 R + ceil(n/25) W) · list_unfi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import random
 import time
@@ -74,11 +73,12 @@ import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
-import aioboto3
+import botocore.session
 import orjson
-from aiobotocore.config import AioConfig
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, new_client
 from agentvm.domain.models import (
     Agent,
     Checkpoint,
@@ -130,7 +130,7 @@ TABLE_DEFINITION: Final[dict[str, Any]] = {
     "TimeToLive": {"AttributeName": TTL_ATTRIBUTE, "Enabled": True},
 }
 
-_CONFIG = AioConfig(connect_timeout=3, read_timeout=10, retries={"mode": "standard", "max_attempts": 5})
+_CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"mode": "standard", "max_attempts": 5})
 _BATCH_WRITE_MAX = 25
 _BATCH_GET_MAX = 100
 _EVT_LO = "EVT#"
@@ -145,7 +145,7 @@ class DynamoDBStore:
     backoff_base_s: float = 0.05
     backoff_attempts: int = 8
 
-    def __init__(self, table_name: str, *, session: aioboto3.Session | None = None,
+    def __init__(self, table_name: str, *, session: botocore.session.Session | None = None,
                  endpoint_url: str | None = None, region_name: str | None = None,
                  event_ttl_s: int = DEFAULT_EVENT_TTL_S, clock: Callable[[], float] = time.time) -> None:
         self.table_name = table_name
@@ -155,7 +155,6 @@ class DynamoDBStore:
         self._event_ttl_s = event_ttl_s
         self._clock = clock
         self._client: DynamoDBClient | None = None
-        self._stack: contextlib.AsyncExitStack | None = None
         self._open_lock = asyncio.Lock()
         self._last_pos = 0
 
@@ -165,17 +164,16 @@ class DynamoDBStore:
         async with self._open_lock:
             if self._client is not None:
                 return
-            session = self._session or aioboto3.Session()
-            stack = contextlib.AsyncExitStack()
-            self._client = await stack.enter_async_context(session.client(
-                "dynamodb", endpoint_url=self._endpoint_url, region_name=self._region_name, config=_CONFIG))
-            self._stack = stack
+            # The awaitable botocore client behaves like the aiobotocore client these types describe.
+            self._client = cast("DynamoDBClient", new_client(
+                "dynamodb", session=self._session, endpoint_url=self._endpoint_url,
+                region_name=self._region_name, config=_CONFIG))
 
     async def close(self) -> None:
         async with self._open_lock:
-            stack, self._stack, self._client = self._stack, None, None
-            if stack is not None:
-                await stack.aclose()
+            client, self._client = self._client, None
+            if client is not None:
+                await cast(AsyncBotocoreClient, client).close()
 
     @property
     def client(self) -> DynamoDBClient:

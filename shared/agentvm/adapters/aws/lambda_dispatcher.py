@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import aioboto3
+import botocore.session
 import orjson
 
 from agentvm.adapters.aws.clients import LazyClient
 
 
 class LambdaDispatcher:
-    def __init__(self, function_name: str, *, session: aioboto3.Session | None = None,
+    def __init__(self, function_name: str, *, session: botocore.session.Session | None = None,
                  endpoint_url: str | None = None, region_name: str | None = None) -> None:
         self.function_name = function_name
         self._client = LazyClient("lambda", session=session, endpoint_url=endpoint_url, region_name=region_name)

@@ -7,13 +7,13 @@ The client is created once, on `open()` or the first call, and kept for the life
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-import aioboto3
-from aiobotocore.config import AioConfig
+import botocore.session
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, new_client, run_blocking
 from agentvm.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ _MAX_KEY_BYTES = 1024  # S3's limit for the full key
 
 
 class S3BlobStore:
-    def __init__(self, bucket: str, *, prefix: str = "", session: aioboto3.Session | None = None,
+    def __init__(self, bucket: str, *, prefix: str = "", session: botocore.session.Session | None = None,
                  endpoint_url: str | None = None, region_name: str | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -36,7 +36,6 @@ class S3BlobStore:
         self._endpoint_url = endpoint_url
         self._region_name = region_name
         self._client: S3Client | None = None
-        self._stack: contextlib.AsyncExitStack | None = None
         self._open_lock = asyncio.Lock()
 
     async def open(self) -> None:
@@ -44,19 +43,18 @@ class S3BlobStore:
             if self._client is not None:
                 return
             # Path-style addressing for custom endpoints (moto, MinIO); AWS itself picks virtual-hosted.
-            config = AioConfig(connect_timeout=3, read_timeout=30, retries={"mode": "standard", "max_attempts": 5},
-                               s3={"addressing_style": "path" if self._endpoint_url else "auto"},
-                               signature_version="s3v4")
-            stack = contextlib.AsyncExitStack()
-            self._client = await stack.enter_async_context((self._session or aioboto3.Session()).client(
-                "s3", endpoint_url=self._endpoint_url, region_name=self._region_name, config=config))
-            self._stack = stack
+            config = Config(connect_timeout=3, read_timeout=30, retries={"mode": "standard", "max_attempts": 5},
+                            s3={"addressing_style": "path" if self._endpoint_url else "auto"},
+                            signature_version="s3v4")
+            # The awaitable botocore client behaves like the aiobotocore client these types describe.
+            self._client = cast("S3Client", new_client("s3", session=self._session, endpoint_url=self._endpoint_url,
+                                                       region_name=self._region_name, config=config))
 
     async def close(self) -> None:
         async with self._open_lock:
-            stack, self._stack, self._client = self._stack, None, None
-            if stack is not None:
-                await stack.aclose()
+            client, self._client = self._client, None
+            if client is not None:
+                await cast(AsyncBotocoreClient, client).close()
 
     async def put(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         client = await self._ready()
@@ -71,8 +69,11 @@ class S3BlobStore:
             if _not_found(exc):
                 return None
             raise
-        async with resp["Body"] as body:
-            return await body.read()
+        body = resp["Body"]
+        try:
+            return cast(bytes, await run_blocking(body.read))
+        finally:
+            body.close()
 
     async def exists(self, key: str) -> bool:
         client = await self._ready()
