@@ -25,10 +25,12 @@ serve: $(RUNTIME_STAMP)  ## run avm serve on 127.0.0.1:8080 (data in ~/.agentvm)
 	$(BIN)/avm serve $(ARGS)
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check shared local tests
+	$(BIN)/ruff check shared local tests functions
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
+	@# each Lambda handler is its own top-level module `handler`: checked one at a time
+	@for f in functions/*/handler.py; do $(BIN)/mypy $$f || exit 1; done
 
 unit: $(DEV_STAMP) sam-cli
 	$(BIN)/pytest -q

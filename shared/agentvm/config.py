@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     chat_turn_function: str | None = Field(None, description="ARN or name of the chat_turn function alias.")
     llm_secret_arn: str | None = Field(None, description="Secrets Manager secret holding the LLM key.")
     config_path: str | None = Field(None, description="SSM parameter path of the runtime configuration.")
+    aws_endpoint_url: str | None = Field(None, description=(
+        "Endpoint override for DynamoDB/S3/Lambda (moto or LocalStack in tests); unset in AWS."))
     aws_region: str | None = Field(None, validation_alias=AliasChoices("AWS_REGION", "AVM_AWS_REGION"),
                                    description="AWS region (set by Lambda).")
 

@@ -1,0 +1,1 @@
+"""The cloud runtime: the composition root that the Lambda handlers share."""

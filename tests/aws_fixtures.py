@@ -1,0 +1,75 @@
+"""AWS adapter fixtures: one moto server (server mode) per test session, dummy credentials per test.
+
+The adapters' botocore clients talk HTTP to the server exactly as to AWS (they run on a thread
+pool, which moto's in-process mock would not see consistently). Each test creates its own uniquely
+named table or bucket, so tests never share state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import botocore.session
+import pytest
+from moto.server import ThreadedMotoServer
+
+from agentvm.adapters.aws.botocore_async import dummy_session
+
+REGION = "us-east-1"
+
+
+class _OneAtATime:
+    """WSGI wrapper: moto handles one request at a time.
+
+    DynamoDB applies every request to an item atomically (an `ADD` counter, a conditional put);
+    moto's threaded server runs concurrent requests on the same item in parallel threads and can
+    lose updates, which would make the concurrency tests test moto instead of the store.
+    """
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        with self._lock:
+            return list(self._app(environ, start_response))
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    wsgi = server._server  # the werkzeug server; requests reach it only after this fixture yields
+    assert wsgi is not None
+    wsgi.app = _OneAtATime(wsgi.app)
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def aws_session() -> botocore.session.Session:
+    """One session for every test, with dummy credentials: botocore loads each service model once."""
+    return dummy_session(REGION)
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Dummy credentials and a region; no profile, config file or instance metadata is consulted."""
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                 "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    empty = tmp_path_factory.mktemp("aws") / "none"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -1,0 +1,5 @@
+"""Cloud handler fixtures: see tests/aws_fixtures.py."""
+
+from tests.aws_fixtures import aws_env, aws_session, moto_endpoint
+
+__all__ = ["aws_env", "aws_session", "moto_endpoint"]
