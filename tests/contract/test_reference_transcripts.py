@@ -55,10 +55,6 @@ def apply_documented_fixes(ref: list[str]) -> list[str]:
     return out
 
 
-def session_and_response_types(client: StockClient, start: int) -> list[str]:
-    return [e["type"] for e in client.events[start:]]
-
-
 @pytest.mark.parametrize(("transcript", "content"), [
     ("ref-text-turn.jsonl", "Hello!"),
     ("ref-tool-turn.jsonl", "tool turn"),
@@ -70,7 +66,7 @@ async def test_turn_event_order_matches_reference(client: StockClient, transcrip
     await client.request("message_send_request", {"imageId": image["imageId"], "content": content})
     await client.wait_type("turn_response", start=start)
     expected = apply_documented_fixes([e["type"] for e in reference_events(transcript)])
-    assert session_and_response_types(client, start) == expected
+    assert client.types(start) == expected
 
 
 async def test_text_turn_data_matches_reference(client: StockClient) -> None:

@@ -42,10 +42,6 @@ class SessionChannel:
         return cls(store=store, fanout=fanout, tenant_id=tenant_id, session_id=session_id, context=context,
                    first_seq=first, reserved_until=until)
 
-    @property
-    def last_seq(self) -> int:
-        return self._next_seq - 1
-
     def publish(self, type_: str, data: dict[str, Any] | WireModel, *, exclude: str | None = None,
                 timestamp: int | None = None) -> LoggedEvent:
         """Allocate a seq, send to subscribers now, and keep the event for the next checkpoint."""

@@ -32,9 +32,6 @@ class SessionRegistry:
     def get(self, session_id: str) -> SessionActor | None:
         return self._actors.get(session_id)
 
-    def __len__(self) -> int:
-        return len(self._actors)
-
     async def actor_for(self, image: Image, agent_id: str | None) -> SessionActor:
         sid = image.session_id
         actor = self._actors.get(sid)

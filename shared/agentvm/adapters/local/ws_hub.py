@@ -96,9 +96,6 @@ class LocalHub:
             _discard(self._by_session, sid, conn.id)
         conn.close("closed")
 
-    def get(self, connection_id: str) -> Connection | None:
-        return self._conns.get(connection_id)
-
     # ---- Fanout --------------------------------------------------------------------------------
 
     def to_connection(self, connection_id: str, payload: str) -> None:
