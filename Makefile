@@ -37,8 +37,10 @@ unit: $(DEV_STAMP) sam-cli
 
 test: lint typecheck unit  ## install dev dependencies, lint, type-check and run the whole suite
 
-bench: $(DEV_STAMP)  ## full benchmarks; results go to docs/benchmarks.md by hand
+bench: $(DEV_STAMP)  ## full benchmarks; results go to docs/benchmarks.md and docs/cost-model.md by hand
 	$(BIN)/python -m tests.bench.run $(ARGS)
+	$(BIN)/python -m tests.bench.aws_calls --json .bench/aws-calls.json
+	$(BIN)/python -m tests.bench.cost_model --counts .bench/aws-calls.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

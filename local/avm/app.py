@@ -28,6 +28,7 @@ from agentvm.ports import Driver
 from agentvm.services.bundle import Services
 from agentvm.services.deps import Deps
 from agentvm.services.recovery import recover_unfinished_turns
+from agentvm.services.sessions import SessionRegistry
 
 log = logging.getLogger("agentvm.serve")
 
@@ -62,6 +63,7 @@ class Runtime:
     store: SqliteStore
     hub: LocalHub
     services: Services
+    sessions: SessionRegistry
     router: CommandRouter
     endpoint: WebSocketEndpoint
     app: FastAPI
@@ -76,7 +78,9 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     options = EngineOptions(default_model=default_model, max_tokens=settings.llm_max_tokens,
                             flush_ms=settings.stream_flush_ms, max_flush_ms=settings.stream_max_flush_ms,
                             max_iterations=settings.max_tool_iterations)
-    services = Services(Deps(store=store, fanout=hub, driver=drv, options=options))
+    deps = Deps(store=store, fanout=hub, driver=drv, options=options)
+    sessions = SessionRegistry(deps)
+    services = Services(deps, sessions)
     router = CommandRouter(services, hub)
     open_principal = Principal(DEFAULT_TENANT)
 
@@ -98,13 +102,13 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
         finally:
             maintenance.cancel()
             await endpoint.drain()
-            await services.sessions.shutdown()
+            await sessions.shutdown()
             await store.close()
 
     app = create_app(lifespan=lifespan)
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
-    runtime = Runtime(settings, store, hub, services, router, endpoint, app, drv)
+    runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv)
     return runtime
 
 
@@ -113,7 +117,7 @@ async def _maintain(rt: Runtime) -> None:
     while True:
         await asyncio.sleep(MAINTENANCE_INTERVAL_S)
         try:
-            await rt.services.sessions.evict_idle()
+            await rt.sessions.evict_idle()
             cutoff = now_ms() - rt.settings.event_retention_hours * 3_600_000
             await rt.store.prune_events(cutoff)
         except Exception:

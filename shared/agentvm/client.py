@@ -12,7 +12,13 @@ AgentVM extensions handled here:
 * when the socket drops (not after `close()`), the client reconnects with jittered exponential
   backoff and re-sends `subscribe` with `afterSeq` for every session it follows. The server replays
   what was missed, so handlers see every event exactly once, in order;
-* `token` is sent as `Authorization: Bearer <token>` on the upgrade request.
+* `token` is sent as `Authorization: Bearer <token>` on the upgrade request;
+* in the cloud, an event too big for one frame arrives as a reference (`data: {"__ref": {url, bytes,
+  sha256}}`, docs/protocol.md). The client fetches it, checks its size and hash, and handles the
+  original event in its place, before any later event. If it cannot, a response carries
+  `data.error` (so `request_ok` raises `RequestFailed`) and any other event becomes a `system_error`
+  with `code: "frame_unavailable"`. A frame the server had to truncate (`data.__truncated`) is
+  reported the same way.
 
 Handlers run one at a time, in arrival order, on a dispatcher task of their own, so a handler may
 itself `await client.request(...)`.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import logging
 import random
@@ -31,12 +38,15 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import orjson
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "AgentVMClient",
@@ -66,6 +76,12 @@ _DRAIN_TIMEOUT_S = 2.0  # how long close() lets handlers finish events already r
 _MIN_BACKOFF_S = 0.01  # never retry in a tight loop
 _AUTH_REJECTED = frozenset({401, 403})
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+# Fetching an event sent by reference: the receive loop waits for it (events stay in order), so this
+# stays well below the ping timeout.
+_REF_TIMEOUT_S = 10.0
+_REF_KEYS = frozenset({"__ref", "requestId"})
+_TRUNCATED_KEYS = frozenset({"__truncated", "bytes", "requestId"})
+_HEX = frozenset("0123456789abcdef")
 # Session events that do not show that a turn is under way.
 _NOT_TURN_ACTIVITY = frozenset({"conversation_queued", "turn_response", "message_persisted", "user_message"})
 
@@ -167,6 +183,45 @@ def _str_field(data: Mapping[str, Any], key: str) -> str | None:
 
 def _encode(obj: Any) -> str:
     return orjson.dumps(obj).decode()
+
+
+class _Unavailable(Exception):
+    """An event sent by reference could not be fetched, or failed its checks."""
+
+
+def _stand_in(event: Event) -> str | None:
+    """Whether `event` only stands for the real one: "ref" (sent by reference), "truncated", or None."""
+    data = event.get("data")
+    if not isinstance(data, dict):
+        return None
+    if isinstance(data.get("__ref"), dict) and data.keys() <= _REF_KEYS:
+        return "ref"
+    if data.get("__truncated") is True and data.keys() <= _TRUNCATED_KEYS:
+        return "truncated"
+    return None
+
+
+def _unavailable(event: Event, reason: str) -> Event:
+    """What the caller gets for an event it cannot have: the response with `data.error` (so the request
+    fails like any refused request), or a `system_error` in place of any other event."""
+    request_id = _data(event).get("requestId")
+    seq = event.get("seq")
+    what = f"{event['type']} event" + (f" (seq {seq})" if isinstance(seq, int) else "")
+    message = f"Cannot deliver the {what}: {reason}"
+    if event.get("category") == "response":
+        data: dict[str, Any] = {"error": message, "errorCode": "frame_unavailable"}
+        if isinstance(request_id, str):
+            data["requestId"] = request_id
+        return {**event, "data": data}
+    error: Event = {"type": "system_error", "timestamp": event.get("timestamp", _now_ms()), "source": "command",
+                    "category": "error", "intent": "notification",
+                    "data": {"message": message, "code": "frame_unavailable", "severity": "error",
+                             "eventType": event["type"]}}
+    if isinstance(request_id, str):
+        error["data"]["requestId"] = request_id
+    if isinstance(event.get("context"), dict):
+        error["context"] = event["context"]
+    return error
 
 
 async def _call(fn: Callable[..., Awaitable[None] | None], *args: Any, what: str) -> None:
@@ -400,7 +455,10 @@ class AgentVMClient:
         max_reconnect_delay: float = 10.0,
         min_reconnect_delay: float = 0.5,
         connect_timeout: float = 10.0,
+        http_client: httpx.AsyncClient | None = None,
     ) -> None:
+        """`http_client` fetches events the server sends by reference (cloud only); by default one is
+        created on first use and closed by `close()`."""
         self.url = url
         self._token = token
         self._context: dict[str, Any] = dict(context or {})
@@ -409,6 +467,8 @@ class AgentVMClient:
         self._max_reconnect_delay = max(max_reconnect_delay, _MIN_BACKOFF_S)
         self._min_reconnect_delay = min(max(min_reconnect_delay, _MIN_BACKOFF_S), self._max_reconnect_delay)
         self._connect_timeout = connect_timeout
+        self._http = http_client
+        self._own_http = http_client is None
 
         self._ws: ClientConnection | None = None
         self._ready = False  # `_ws` is open and every subscription has been (re)sent on it
@@ -515,6 +575,9 @@ class AgentVMClient:
                     await asyncio.wait_for(dispatch_task, _DRAIN_TIMEOUT_S)
                 except TimeoutError:
                     logger.warning("event handlers still busy after %.1fs; cancelled", _DRAIN_TIMEOUT_S)
+        http, self._http = self._http, None
+        if http is not None and self._own_http:
+            await http.aclose()
 
     # ------------------------------------------------------------------------------------- requests
 
@@ -874,6 +937,11 @@ class AgentVMClient:
             self._last_seq[session_id] = seq
             self._subscribed.setdefault(session_id, None)  # the server delivers it: follow it
 
+        stand_in = _stand_in(event)
+        if stand_in is not None:  # resolved here, in the receive loop: no later event can overtake it
+            event = await self._resolve(event) if stand_in == "ref" else _unavailable(
+                event, f"it was too large ({_data(event).get('bytes')} bytes) and the server truncated it")
+
         data = _data(event)
         if event.get("category") == "response":
             request_id = data.get("requestId")
@@ -903,6 +971,50 @@ class AgentVMClient:
                 collector.observe(event, info)
 
         self._dispatch_queue.put_nowait(lambda: self._deliver(event))
+
+    async def _resolve(self, event: Event) -> Event:
+        """The event a reference stands for, or the error that takes its place."""
+        try:
+            return await self._fetch_referenced(event)
+        except _Unavailable as exc:  # the caller sees it (a failed response or a system_error)
+            logger.info("cannot resolve the %s event sent by reference: %s", event["type"], exc)
+            return _unavailable(event, f"fetching the copy the server sent by reference failed ({exc})")
+
+    async def _fetch_referenced(self, event: Event) -> Event:
+        import httpx
+
+        ref = _data(event)["__ref"]
+        url, size, digest = ref.get("url"), ref.get("bytes"), ref.get("sha256")
+        if (not isinstance(url, str) or not url.startswith(("https://", "http://"))
+                or not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= _MAX_MESSAGE_BYTES
+                or not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX):
+            raise _Unavailable("malformed reference")
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=_REF_TIMEOUT_S)
+        body = bytearray()
+        try:  # the URL is a credential for a while: it appears in no message
+            async with asyncio.timeout(_REF_TIMEOUT_S), self._http.stream("GET", url) as resp:
+                if resp.status_code != 200:
+                    raise _Unavailable(f"HTTP {resp.status_code}")
+                async for chunk in resp.aiter_bytes():
+                    body += chunk
+                    if len(body) > size:
+                        raise _Unavailable(f"more than the announced {size} bytes")
+        except TimeoutError:
+            raise _Unavailable(f"no answer within {_REF_TIMEOUT_S:g}s") from None
+        except httpx.HTTPError as exc:
+            raise _Unavailable(f"{type(exc).__name__} while fetching it") from None
+        if len(body) != size:
+            raise _Unavailable(f"{len(body)} bytes instead of the announced {size}")
+        if hashlib.sha256(body).hexdigest() != digest:
+            raise _Unavailable("its sha256 does not match")
+        try:
+            original = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise _Unavailable("it is not JSON") from None
+        if not isinstance(original, dict) or original.get("type") != event["type"]:
+            raise _Unavailable("it is not the announced event")
+        return original
 
     async def _subscribe_listed(self, ws: ClientConnection, sessions: Any) -> None:
         if not isinstance(sessions, list):

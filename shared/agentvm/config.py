@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     config_path: str | None = Field(None, description="SSM parameter path of the runtime configuration.")
     aws_endpoint_url: str | None = Field(None, description=(
         "Endpoint override for DynamoDB/S3/Lambda (moto or LocalStack in tests); unset in AWS."))
+    lambda_endpoint_url: str | None = Field(None, description=(
+        "Endpoint override for the Lambda Invoke API only (tests emulate async invokes); falls back to "
+        "aws_endpoint_url."))
     aws_region: str | None = Field(None, validation_alias=AliasChoices("AWS_REGION", "AVM_AWS_REGION"),
                                    description="AWS region (set by Lambda).")
 

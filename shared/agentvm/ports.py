@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Collection
 from typing import Protocol
 
+from agentvm.auth.api_keys import ApiKey
 from agentvm.domain.models import (
     Agent,
     Checkpoint,
     ConnectionRecord,
     Container,
     Image,
+    LeaseState,
     LoggedEvent,
     Session,
     StoredMessage,
@@ -81,15 +83,53 @@ class Store(Protocol):
 
 
 class SessionLeases(Protocol):
-    """Cloud only: one publisher per session at a time (seqs must reach clients in order)."""
+    """Cloud only: one publisher per session at a time (seqs must reach clients in order), and the
+    session's turn queue and signals, all on one record so each step is one conditional write."""
 
-    async def acquire_lease(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
-                            seq_block: int) -> tuple[int, int] | None:
-        """The lease plus a reserved block of seqs, or None when another owner holds it."""
+    async def acquire(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
+                      seq_block: int) -> LeaseState | None:
+        """The lease (free, expired, or already `owner`'s) with a reserved block of seqs, or None
+        when another owner holds it or the session does not exist."""
         ...
 
-    async def renew_lease(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> bool: ...
-    async def release_lease(self, tenant_id: str, session_id: str, owner: str) -> bool: ...
+    async def renew(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> LeaseState | None:
+        """Extend the lease; None when it was lost."""
+        ...
+
+    async def release(self, tenant_id: str, session_id: str, owner: str, *, queue: str | None = None,
+                      done: Collection[str] = (), announced: Collection[tuple[str, str]] = (),
+                      served: Collection[str] = ()) -> LeaseState | None:
+        """Give the lease up, in the same write adding `queue` to the queue and removing finished
+        turns, announced messages and served subscriptions. Returns what is left to do (release
+        then recheck), or None when `owner` no longer held the lease."""
+        ...
+
+    async def poll(self, tenant_id: str, session_id: str, *, consistent: bool = False) -> LeaseState:
+        """Read the record (no seqs). Eventually consistent unless asked: the watcher's signals may
+        arrive one poll late; decisions that must be exact are conditional writes."""
+        ...
+
+    async def enqueue(self, tenant_id: str, session_id: str, turn_id: str, sender: str | None) -> None:
+        """Queue a turn whose user message still has to be announced (the lease was taken); `sender`
+        is the connection that sent it (it is not sent its own `user_message`)."""
+        ...
+
+    async def owe_replay(self, tenant_id: str, session_id: str, connection_id: str) -> None:
+        """Record that a connection is owed an `afterSeq` replay by the next lease holder."""
+        ...
+
+    async def request_interrupt(self, tenant_id: str, session_id: str) -> int | None:
+        """Signal the lease holder to interrupt its running turn: the new request count, or None when
+        nobody holds the lease (nothing runs)."""
+        ...
+
+    async def ack_interrupt(self, tenant_id: str, session_id: str, owner: str, count: int) -> None:
+        """The holder acted on the interrupt requests up to `count` (its `interrupted` is posted)."""
+        ...
+
+    async def get_turns(self, tenant_id: str, session_id: str, turn_ids: Collection[str]) -> list[Turn]:
+        """The session's turns with these ids (missing ones are left out), oldest first."""
+        ...
 
 
 class Gateway(Protocol):
@@ -158,4 +198,53 @@ class Fanout(Protocol):
     async def subscribe(self, connection_id: str, session_id: str, container_id: str, after_seq: int | None,
                         source: EventSource) -> None:
         """Subscribe; with `after_seq`, first deliver the missed events exactly once, in order."""
+        ...
+
+
+class LeasedFanout(Fanout, Protocol):
+    """The cloud Fanout of one invocation: delivery is asynchronous, so a lease holder waits for it
+    before handing the session on, and it serves the `afterSeq` replays owed to connections."""
+
+    served: dict[str, set[str]]
+
+    async def drain(self) -> None:
+        """Wait until every event published so far is delivered and every registry write is done."""
+        ...
+
+    async def flushed(self) -> None:
+        """Wait until everything published before this call is delivered (later events may still be
+        in flight)."""
+        ...
+
+    def serve_pending(self, session_id: str) -> None:
+        """Re-read the session's subscribers and serve the replays they are owed."""
+        ...
+
+    def owe_replay(self, connection_id: str, session_id: str, container_id: str, after_seq: int) -> None:
+        """Record a subscription whose replay above `after_seq` the session's lease holder owes."""
+        ...
+
+    def listeners(self, session_id: str) -> int:
+        """Reachable subscribers of the session: 0 when all have gone, -1 while not known or none."""
+        ...
+
+
+class KeyStore(Protocol):
+    """API key records, looked up by their public key id. Tenants are isolated: another tenant's
+    key id behaves exactly like a missing one in every tenant-scoped method."""
+
+    async def put_key(self, key: ApiKey) -> None:
+        """Store a new key; raises `Conflict` if the key id already exists (never overwrites)."""
+        ...
+
+    async def get_key(self, key_id: str) -> ApiKey | None:
+        """The record for a token's key id, whatever its tenant (authentication starts here)."""
+        ...
+
+    async def list_keys(self, tenant_id: str) -> list[ApiKey]:
+        """Newest first, revoked and expired keys included."""
+        ...
+
+    async def revoke_key(self, tenant_id: str, key_id: str, at_ms: int) -> bool:
+        """Mark the key revoked (a second revocation keeps the first time); False when absent."""
         ...

@@ -1,5 +1,34 @@
-"""AWS adapter fixtures: see tests/aws_fixtures.py."""
+"""AWS adapter fixtures: see tests/aws_fixtures.py. S3 tests share a bucket fixture."""
 
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, cast
+
+import botocore.session
+import pytest
+from botocore.config import Config
+
+from agentvm.adapters.aws.botocore_async import new_client
 from tests.aws_fixtures import aws_env, aws_session, moto_endpoint
 
-__all__ = ["aws_env", "aws_session", "moto_endpoint"]
+if TYPE_CHECKING:
+    from types_aiobotocore_s3.client import S3Client
+
+__all__ = ["aws_env", "aws_session", "bucket", "moto_endpoint", "s3"]
+
+
+@pytest.fixture
+async def s3(aws_session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[S3Client]:
+    client = new_client("s3", session=aws_session, endpoint_url=moto_endpoint,
+                        config=Config(s3={"addressing_style": "path"}))
+    yield cast("S3Client", client)
+    await client.close()
+
+
+@pytest.fixture
+async def bucket(s3: S3Client) -> str:
+    name = f"agentvm-{uuid.uuid4().hex[:16]}"
+    await s3.create_bucket(Bucket=name)
+    return name

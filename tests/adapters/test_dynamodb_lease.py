@@ -1,4 +1,5 @@
-"""The session publish lease on DynamoDB: exclusive, expiring, re-entrant, with seq blocks."""
+"""The session lease record on DynamoDB: exclusive, expiring, re-entrant, with seq blocks, the turn
+queue and the signals; release returns what was added meanwhile."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import AsyncIterator
 import botocore.session
 import pytest
 
+from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
-from agentvm.domain.models import Image, Session
+from agentvm.domain.models import Checkpoint, Image, LeaseState, Session, Turn, TurnStatus
 
 
 class Clock:
@@ -34,29 +36,92 @@ async def store(aws_env: None, aws_session: botocore.session.Session,
     await s.close()
 
 
-async def test_lease_is_exclusive_reentrant_and_expires(store: DynamoDBStore) -> None:
+@pytest.fixture
+def leases(store: DynamoDBStore) -> DynamoDBLeases:
+    return DynamoDBLeases(store)
+
+
+def seqs(state: LeaseState | None) -> tuple[int, int] | None:
+    return None if state is None else (state.first_seq, state.last_seq)
+
+
+async def test_lease_is_exclusive_reentrant_and_expires(store: DynamoDBStore, leases: DynamoDBLeases) -> None:
     clock = store._clock
     assert isinstance(clock, Clock)
-    assert await store.acquire_lease("t1", "s1", "turn-A", 30_000, seq_block=100) == (1, 100)
-    assert await store.acquire_lease("t1", "s1", "ws-B", 30_000, seq_block=100) is None
-    assert await store.acquire_lease("t1", "s1", "turn-A", 30_000, seq_block=100) == (101, 200)  # re-entrant
-    assert await store.renew_lease("t1", "s1", "ws-B", 30_000) is False
-    assert await store.renew_lease("t1", "s1", "turn-A", 30_000) is True
+    assert seqs(await leases.acquire("t1", "s1", "turn-A", 30_000, seq_block=100)) == (1, 100)
+    assert await leases.acquire("t1", "s1", "ws-B", 30_000, seq_block=100) is None
+    assert seqs(await leases.acquire("t1", "s1", "turn-A", 30_000, seq_block=100)) == (101, 200)  # re-entrant
+    assert await leases.renew("t1", "s1", "ws-B", 30_000) is None
+    renewed = await leases.renew("t1", "s1", "turn-A", 30_000)
+    assert renewed is not None and renewed.held
     clock.now += 31  # the holder died without releasing: the lease expires
-    assert await store.acquire_lease("t1", "s1", "ws-B", 30_000, seq_block=10) == (201, 210)
-    assert await store.release_lease("t1", "s1", "turn-A") is False  # no longer the owner
-    assert await store.release_lease("t1", "s1", "ws-B") is True
-    assert await store.acquire_lease("t1", "s1", "turn-C", 30_000, seq_block=10) == (211, 220)
+    assert (await leases.poll("t1", "s1")).held is False
+    assert seqs(await leases.acquire("t1", "s1", "ws-B", 30_000, seq_block=10)) == (201, 210)
+    assert await leases.release("t1", "s1", "turn-A") is None  # no longer the owner
+    assert await leases.release("t1", "s1", "ws-B") == LeaseState()
+    assert seqs(await leases.acquire("t1", "s1", "turn-C", 30_000, seq_block=10)) == (211, 220)
     # seqs from the lease and from reserve_seqs never overlap
     assert await store.reserve_seqs("t1", "s1", 10) == (221, 230)
+    # a lease taken only to read (a replay) reserves no seq
+    await leases.release("t1", "s1", "turn-C")
+    assert seqs(await leases.acquire("t1", "s1", "ws-D", 30_000, seq_block=0)) == (0, 0)
+    assert await store.reserve_seqs("t1", "s1", 10) == (231, 240)
 
 
-async def test_lease_of_another_tenant_or_a_missing_session_is_refused(store: DynamoDBStore) -> None:
-    assert await store.acquire_lease("t2", "s1", "x", 30_000, seq_block=10) is None
-    assert await store.acquire_lease("t1", "nope", "x", 30_000, seq_block=10) is None
+async def test_lease_of_another_tenant_or_a_missing_session_is_refused(leases: DynamoDBLeases) -> None:
+    assert await leases.acquire("t2", "s1", "x", 30_000, seq_block=10) is None
+    assert await leases.acquire("t1", "nope", "x", 30_000, seq_block=10) is None
+    assert await leases.request_interrupt("t2", "s1") is None
 
 
-async def test_concurrent_acquirers_get_exactly_one_lease(store: DynamoDBStore) -> None:
-    results = await asyncio.gather(*(store.acquire_lease("t1", "s1", f"owner-{i}", 30_000, seq_block=10)
+async def test_concurrent_acquirers_get_exactly_one_lease(leases: DynamoDBLeases) -> None:
+    results = await asyncio.gather(*(leases.acquire("t1", "s1", f"owner-{i}", 30_000, seq_block=10)
                                      for i in range(10)))
     assert sum(r is not None for r in results) == 1
+
+
+async def test_work_added_while_the_lease_is_held_comes_back_from_the_release(leases: DynamoDBLeases) -> None:
+    await leases.acquire("t1", "s1", "ws-A", 30_000, seq_block=16)
+    # ws-A announced turn-1 and queues it in its release
+    rest = await leases.release("t1", "s1", "ws-A", queue="turn-1")
+    assert rest == LeaseState(queued=frozenset({"turn-1"}))
+    state = await leases.acquire("t1", "s1", "chat-B", 30_000, seq_block=100)
+    assert state is not None and state.queued == {"turn-1"} and state.interrupts == 0
+    # meanwhile: a message queued by another connection, a replay owed, an interrupt
+    await leases.enqueue("t1", "s1", "turn-2", "conn-X")
+    await leases.enqueue("t1", "s1", "turn-3", None)
+    await leases.owe_replay("t1", "s1", "conn-Y")
+    assert await leases.request_interrupt("t1", "s1") == 1
+    polled = await leases.poll("t1", "s1", consistent=True)
+    assert polled.held and (polled.interrupts, polled.interrupts_seen) == (1, 0)
+    await leases.ack_interrupt("t1", "s1", "someone-else", 1)  # only the holder acknowledges
+    assert (await leases.poll("t1", "s1", consistent=True)).interrupts_seen == 0
+    await leases.ack_interrupt("t1", "s1", "chat-B", 1)
+    assert (await leases.poll("t1", "s1", consistent=True)).interrupts_seen == 1
+    assert polled.announce == {("turn-2", "conn-X"), ("turn-3", "")}
+    # chat-B ran turn-1, announced turn-2 (only), served conn-Y: turn-2 and turn-3 are left
+    rest = await leases.release("t1", "s1", "chat-B", done={"turn-1"}, announced={("turn-2", "conn-X")},
+                                served={"conn-Y"})
+    assert rest == LeaseState(queued=frozenset({"turn-2", "turn-3"}), announce=frozenset({("turn-3", "")}),
+                              interrupts=1, interrupts_seen=1)
+    assert rest.has_work
+    # nobody holds the lease: an interrupt request has nothing to interrupt
+    assert await leases.request_interrupt("t1", "s1") is None
+    await leases.enqueue("t1", "nope", "turn-9", None)  # a missing session: nothing is recorded
+    assert (await leases.poll("t1", "nope")) == LeaseState()
+
+
+async def test_get_turns_reads_the_session_turns_oldest_first(store: DynamoDBStore, leases: DynamoDBLeases) -> None:
+    turns = [Turn("t1", f"turn-{i}", "s1", "i1", "c1", f"m{i}", TurnStatus.QUEUED, created_at=100 - i)
+             for i in range(3)]
+    await store.commit(Checkpoint("t1", "s1", turns=turns))
+    got = await leases.get_turns("t1", "s1", {"turn-0", "turn-2", "missing"})
+    assert [t.turn_id for t in got] == ["turn-2", "turn-0"]
+    assert await leases.get_turns("t2", "s1", {"turn-0"}) == []  # another tenant's session
+    assert await leases.get_turns("t1", "s1", ()) == []
+
+
+async def test_release_cannot_add_and_remove_queued_turns_at_once(leases: DynamoDBLeases) -> None:
+    await leases.acquire("t1", "s1", "x", 30_000, seq_block=1)
+    with pytest.raises(ValueError, match="queue and done"):
+        await leases.release("t1", "s1", "x", queue="a", done={"b"})

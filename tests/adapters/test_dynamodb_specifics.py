@@ -179,7 +179,8 @@ async def test_every_request_path_uses_keyed_reads_and_writes_and_never_scans(st
         "read_events": ["Query"],
         "last_seq": ["Query"],
         "list_unfinished_turns": ["Query"] * 16 + ["BatchGetItem"],
-        "prune_events": ["Query"] * 8 + ["Query", "BatchWriteItem"],
+        # the session's blocks, then its newest block (cut down to its last event) and the rewrite
+        "prune_events": ["Query"] * 8 + ["Query", "Query", "BatchWriteItem"],
         "delete_agent": ["Query", "DeleteItem"],
         "delete_image": ["GetItem", "Query", "BatchWriteItem", "DeleteItem"],
         "delete_image again": ["GetItem"],
@@ -187,20 +188,20 @@ async def test_every_request_path_uses_keyed_reads_and_writes_and_never_scans(st
     assert not any("Scan" in name for names in ops.values() for name in names)
 
 
-async def test_a_text_turn_checkpoint_is_one_batch_write_of_fourteen_items(store: DynamoDBStore) -> None:
+async def test_a_text_turn_checkpoint_is_one_batch_write_of_three_items(store: DynamoDBStore) -> None:
     await store.create_image(*image("t1", "i1"))
     calls = Calls(store)
     await store.commit(text_turn_checkpoint("t1", "sess_i1", "i1", 1, 12))
     [(name, params)] = calls.log
     assert name == "BatchWriteItem"
     [requests] = params["RequestItems"].values()
-    assert len(requests) == 14 and all("PutRequest" in r for r in requests)
-    # a long checkpoint is chunked by 25, in seq order
+    assert [r["PutRequest"]["Item"]["SK"]["S"] for r in requests] == \
+        ["MSG#m_asst", "EVB#00000000000000000012", "TURN#turn1"]  # the events are one block
+    # however many events: still one block
     calls.log.clear()
-    await store.commit(text_turn_checkpoint("t1", "sess_i1", "i1", 100, 40))
-    assert [(n, len(next(iter(p["RequestItems"].values())))) for n, p in calls.log] == \
-        [("BatchWriteItem", 25), ("BatchWriteItem", 17)]
-    assert [e.seq for e in await store.read_events("t1", "sess_i1", 0)] == [*range(1, 13), *range(100, 140)]
+    await store.commit(text_turn_checkpoint("t1", "sess_i1", "i1", 100, 140))
+    assert [(n, len(next(iter(p["RequestItems"].values())))) for n, p in calls.log] == [("BatchWriteItem", 3)]
+    assert [e.seq for e in await store.read_events("t1", "sess_i1", 0)] == [*range(1, 13), *range(100, 240)]
 
 
 async def test_unprocessed_items_are_retried_with_backoff(store: DynamoDBStore,
@@ -221,7 +222,7 @@ async def test_unprocessed_items_are_retried_with_backoff(store: DynamoDBStore,
 
     monkeypatch.setattr(store.client, "batch_write_item", half_at_first)
     await store.commit(text_turn_checkpoint("t1", "sess_i1", "i1", 1, 12))
-    assert sizes == [14, 7, 4]
+    assert sizes == [3, 2, 1]
     assert len(await store.read_events("t1", "sess_i1", 0)) == 12
     assert [m.message_id for m in await store.list_messages("t1", "sess_i1")] == ["m_asst"]
 
@@ -247,8 +248,8 @@ async def test_events_carry_a_ttl_and_expired_events_are_not_read(
     await store.commit(Checkpoint("t1", "sess_i1", events=[LoggedEvent(3, "z", "{}", 7)]))
     items = {i["SK"]["S"]: i for i in await raw_partition(store, "SESS#t1#sess_i1")}
     start = int(Clock().now)
-    assert int(items["EVT#00000000000000000001"]["expires_at"]["N"]) == start + DEFAULT_EVENT_TTL_S
-    assert int(items["EVT#00000000000000000003"]["expires_at"]["N"]) == start + 3600 + DEFAULT_EVENT_TTL_S
+    assert int(items["EVB#00000000000000000002"]["expires_at"]["N"]) == start + DEFAULT_EVENT_TTL_S
+    assert int(items["EVB#00000000000000000003"]["expires_at"]["N"]) == start + 3600 + DEFAULT_EVENT_TTL_S
     assert "expires_at" not in items["SESS"]
     clock.now = start + DEFAULT_EVENT_TTL_S  # the first two have expired; DynamoDB has not deleted them yet
     assert [e.seq for e in await store.read_events("t1", "sess_i1", 0)] == [3]
@@ -410,12 +411,14 @@ async def test_delete_image_removes_a_large_session_in_batches(store: DynamoDBSt
     await store.create_image(*image("t1", "i1"))
     await store.create_image(*image("t1", "i2"))
     await store.put_agent(Agent("t1", "a1", "i1", "c1", "n", 1))
-    await store.commit(text_turn_checkpoint("t1", "sess_i1", "i1", 1, 60))
+    await store.commit(text_turn_checkpoint("t1", "sess_i1", "i1", 1, 1))
+    for seq in range(2, 61):  # 60 checkpoints: 60 event blocks
+        await store.commit(Checkpoint("t1", "sess_i1", events=[LoggedEvent(seq, "x", "{}", seq)]))
     await store.commit(text_turn_checkpoint("t1", "sess_i2", "i2", 1, 3))
     calls = Calls(store)
     assert await store.delete_image("t1", "i1") is True
     writes = [len(next(iter(p["RequestItems"].values()))) for n, p in calls.log if n == "BatchWriteItem"]
-    assert writes == [25, 25, 14]  # session + 60 events + message + turn + agent
+    assert writes == [25, 25, 14]  # session + 60 event blocks + message + turn + agent
     assert await raw_partition(store, "SESS#t1#sess_i1") == [] and await raw_partition(store, "IMG#t1#i1") == []
     assert await store.get_turn("t1", "turn1") is not None  # i2's turn1 is untouched
     assert len(await store.read_events("t1", "sess_i2", 0)) == 3

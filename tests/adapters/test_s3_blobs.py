@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import botocore.session
 import httpx
 import pytest
-from botocore.config import Config
 
 from agentvm.adapters.aws.blob_port import BlobStore
-from agentvm.adapters.aws.botocore_async import new_client
 from agentvm.adapters.aws.s3_blobs import S3BlobStore
 from agentvm.errors import InvalidRequest
 
@@ -20,21 +17,6 @@ if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
 
 pytestmark = pytest.mark.usefixtures("aws_env")
-
-
-@pytest.fixture
-async def s3(aws_session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[S3Client]:
-    client = new_client("s3", session=aws_session, endpoint_url=moto_endpoint,
-                        config=Config(s3={"addressing_style": "path"}))
-    yield cast("S3Client", client)
-    await client.close()
-
-
-@pytest.fixture
-async def bucket(s3: S3Client) -> str:
-    name = f"agentvm-{uuid.uuid4().hex[:16]}"
-    await s3.create_bucket(Bucket=name)
-    return name
 
 
 @pytest.fixture

@@ -4,7 +4,8 @@
 
 AgentVM (`avm serve`, scripted offline driver) and the baseline (a bare `websockets` server
 replaying frames captured from AgentVM at the start of the run, see baseline_server.py) each run as
-their own process; this load client runs on uvloop in a third. See docs/benchmarks.md.
+their own process; this load client runs on uvloop in a third. Then the Lambda handlers' cold-import
+times against `import boto3` (tests/bench/cold_imports.py, also runnable alone). See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Literal, TypeVar
 import orjson
 import uvloop
 
+from tests.bench import cold_imports
 from tests.bench.load import (
     CAPTURE_RID,
     RawConn,
@@ -565,9 +567,15 @@ def main(argv: list[str] | None = None) -> int:
     if steal > 0.1:
         print(f"WARNING: the hypervisor gave up to {steal:.0%} of a core to other guests (steal) during a "
               "measurement; the figures are noisy.")
+    cold, cold_text, cold_failed = cold_imports.report(args.quick)
+    result["cold_imports"] = cold
+    print()
+    print(cold_text)
+    for failure in cold_failed:
+        print(f"FAILED: {failure}")
     if args.json is not None:
         args.json.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    return 0
+    return 1 if cold_failed else 0
 
 
 if __name__ == "__main__":

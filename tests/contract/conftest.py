@@ -1,13 +1,213 @@
+"""The protocol scenario suite runs once per backend:
+
+* `local`: `avm serve`'s app in-process (uvicorn in the test's loop, SQLite);
+* `cloud`: the Lambda handlers behind the emulated API Gateway edge (tests/support/cloud_edge.py),
+  on DynamoDB and the management API of moto, authenticated with an API key.
+
+Scenarios take `server` (or `make_server` for their own driver or settings) and use only the
+common `Server` interface below. A scenario that is about the local process itself carries
+`@pytest.mark.local_only("why")` and does not take `server`.
+"""
+
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
 
+from agentvm.ports import Driver, Store
+from tests.aws_fixtures import REGION, aws_env, aws_session, moto_endpoint
 from tests.support.scripts import RecordingDriver, reference_driver
 from tests.support.servers import InProcess, in_process
 from tests.support.stock_client import StockClient
+
+__all__ = ["aws_env", "aws_session", "moto_endpoint"]
+
+BACKENDS = ["local", "cloud"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "local_only(reason): a scenario about the local process, not the protocol")
+
+
+class Server(Protocol):
+    """What scenarios may use of a backend."""
+
+    backend: str
+
+    @property
+    def url(self) -> str:
+        """WebSocket URL for clients (with the credentials the backend needs)."""
+        ...
+
+    @property
+    def store(self) -> Store:
+        """The backend's stored state, readable from the test's loop."""
+        ...
+
+    async def restart(self, *, driver: Driver | None = None) -> None:
+        """A new server process (local) or new handler instances (cloud), same stored state;
+        `driver` replaces the LLM driver from then on."""
+        ...
+
+    def connection_ids(self) -> set[str]:
+        """Ids of the open WebSocket connections."""
+        ...
+
+    def drop(self, connection_id: str) -> None:
+        """Close a connection from the server side (a network failure, an idle timeout)."""
+        ...
+
+    async def settle(self) -> None:
+        """Let the server handle the frames clients sent so far (a `subscribe` has no answer)."""
+        ...
+
+
+MakeServer = Callable[..., contextlib.AbstractAsyncContextManager[Server]]
+
+
+class LocalServer:
+    backend = "local"
+
+    def __init__(self, data_dir: Path, driver: Driver | None, settings: dict[str, Any]) -> None:
+        self._data_dir = data_dir
+        self._driver = driver
+        self._settings = settings
+        self._stack = contextlib.AsyncExitStack()
+        self.srv: InProcess | None = None
+
+    async def start(self) -> None:
+        self.srv = await self._stack.enter_async_context(
+            in_process(self._data_dir, driver=self._driver, **self._settings))
+
+    async def stop(self) -> None:
+        await self._stack.aclose()
+        self.srv = None
+
+    @property
+    def _running(self) -> InProcess:
+        assert self.srv is not None, "the server is not running"
+        return self.srv
+
+    @property
+    def url(self) -> str:
+        return self._running.url
+
+    @property
+    def store(self) -> Store:
+        return self._running.runtime.store
+
+    async def restart(self, *, driver: Driver | None = None) -> None:
+        await self.stop()
+        if driver is not None:
+            self._driver = driver
+        await self.start()
+
+    def connection_ids(self) -> set[str]:
+        return set(self._running.runtime.hub._conns)
+
+    def drop(self, connection_id: str) -> None:
+        self._running.runtime.hub._conns[connection_id].close("test: dropped by the server")
+
+    async def settle(self) -> None:
+        await asyncio.sleep(0.05)
+
+
+class CloudServer:
+    backend = "cloud"
+
+    def __init__(self, edge: Any, store: Store, holder: _DriverHolder) -> None:
+        self.edge = edge  # tests.support.cloud_edge.CloudEdge
+        self._store = store
+        self._holder = holder
+
+    @property
+    def url(self) -> str:
+        return str(self.edge.url)
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    async def restart(self, *, driver: Driver | None = None) -> None:
+        if driver is not None:
+            self._holder.driver = driver
+        self.edge.restart()
+
+    def connection_ids(self) -> set[str]:
+        return set(self.edge.connection_ids())
+
+    def drop(self, connection_id: str) -> None:
+        self.edge.drop(connection_id)
+
+    async def settle(self) -> None:
+        await self.edge.settle()
+
+
+class _DriverHolder:
+    def __init__(self, driver: Driver | None) -> None:
+        self.driver = driver
+
+
+@contextlib.asynccontextmanager
+async def _local(request: pytest.FixtureRequest, driver: Driver | None, **settings: Any) -> AsyncIterator[Server]:
+    base: Path = request.getfixturevalue("tmp_path")
+    server = LocalServer(base / f"data-{uuid.uuid4().hex[:6]}", driver, settings)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def _cloud(request: pytest.FixtureRequest, driver: Driver | None, **settings: Any) -> AsyncIterator[Server]:
+    from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
+    from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
+    from agentvm.auth.api_keys import new_key
+    from agentvm.cloud import runtime as cloud_runtime
+    from tests.support.cloud_edge import cloud_edge
+
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    request.getfixturevalue("aws_env")
+    moto: str = request.getfixturevalue("moto_endpoint")
+    for name in list(os.environ):  # nothing from the developer's shell reaches the handlers
+        if name.startswith(("AVM_", "LLM_", "ANTHROPIC_")):
+            monkeypatch.delenv(name)
+    holder = _DriverHolder(driver)
+    monkeypatch.setattr(cloud_runtime, "build_driver", lambda *args, **kwargs: holder.driver)
+    table = f"agentvm-{uuid.uuid4().hex[:16]}"
+    store = DynamoDBStore(table, endpoint_url=moto, region_name=REGION)
+    await store.open()
+    await store.create_table()
+    key, token = new_key("local", ("user",), name="contract suite")
+    await DynamoDBKeys(store).put_key(key)
+    env = {"AVM_CHAT_TURN_FUNCTION": "agentvm-chat-turn:live", "AVM_RELIABLE_WRAPPER": "false",
+           **{f"AVM_{name.upper()}": str(value) for name, value in settings.items()}}
+    try:
+        async with cloud_edge(moto_endpoint=moto, token=token, table_name=table) as edge:
+            for name, value in {**edge.handler_env(), **env}.items():
+                monkeypatch.setenv(name, value)
+            yield CloudServer(edge, store, holder)
+    finally:
+        await store.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def make_server(request: pytest.FixtureRequest) -> MakeServer:
+    """`async with make_server(driver=..., **settings) as server:` on this test's backend."""
+    start = _local if request.param == "local" else _cloud
+
+    def make(driver: Driver | None = None, **settings: Any) -> contextlib.AbstractAsyncContextManager[Server]:
+        return start(request, driver, **settings)
+
+    return make
 
 
 @pytest.fixture
@@ -16,12 +216,12 @@ def driver() -> RecordingDriver:
 
 
 @pytest.fixture
-async def server(tmp_path: Path, driver: RecordingDriver) -> AsyncIterator[InProcess]:
-    async with in_process(tmp_path / "data", driver=driver) as srv:
+async def server(make_server: MakeServer, driver: RecordingDriver) -> AsyncIterator[Server]:
+    async with make_server(driver=driver) as srv:
         yield srv
 
 
 @pytest.fixture
-async def client(server: InProcess) -> AsyncIterator[StockClient]:
+async def client(server: Server) -> AsyncIterator[StockClient]:
     async with StockClient(server.url) as c:
         yield c

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.servers import InProcess
+from tests.contract.conftest import Server
 from tests.support.stock_client import StockClient
 
 
@@ -116,7 +116,7 @@ async def test_not_found_is_consistent_and_sends_system_error_first(client: Stoc
     assert send_fail["agentId"] == "" and send_fail["imageId"] == "img_nope"
 
 
-async def test_history_holds_every_message_once_with_no_ack(server: InProcess) -> None:
+async def test_history_holds_every_message_once_with_no_ack(server: Server) -> None:
     # fix Q3: messages are stored when produced, even when no client ACKs anything
     async with StockClient(server.url, ack=False) as c:
         image = await c.new_image("c1")

@@ -5,21 +5,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agentvm.adapters.local.ws_hub import Connection
 from agentvm.client import AgentVMClient
-from tests.support.servers import InProcess
+from tests.contract.conftest import Server
 from tests.support.stock_client import StockClient
 
 
-async def test_reconnect_resubscribes_with_after_seq_and_nothing_is_lost_or_doubled(server: InProcess) -> None:
-    hub = server.runtime.hub
+async def test_reconnect_resubscribes_with_after_seq_and_nothing_is_lost_or_doubled(server: Server) -> None:
     async with StockClient(server.url) as watcher:
         await asyncio.sleep(0.05)
-        others = set(hub._conns)
+        others = server.connection_ids()
         async with AgentVMClient(server.url, min_reconnect_delay=0.05, max_reconnect_delay=0.2) as client:
             await asyncio.sleep(0.05)
-            (own,) = [c for cid, c in hub._conns.items() if cid not in others]
-            seen, dropped_at = await stream_and_drop(client, watcher, own)
+            (own,) = server.connection_ids() - others
+            seen, dropped_at = await stream_and_drop(client, watcher, server, own)
     expected = [e["seq"] for e in watcher.events if "seq" in e and e["type"] != "user_message"]
     assert [e["seq"] for e in seen] == expected  # every event exactly once, in order
     assert dropped_at < len(seen)
@@ -27,11 +25,12 @@ async def test_reconnect_resubscribes_with_after_seq_and_nothing_is_lost_or_doub
     assert text == "one two three four five six seven eight"
 
 
-async def stream_and_drop(client: AgentVMClient, watcher: StockClient,
-                          own: Connection) -> tuple[list[dict[str, Any]], int]:
+async def stream_and_drop(client: AgentVMClient, watcher: StockClient, server: Server,
+                          own: str) -> tuple[list[dict[str, Any]], int]:
     res = await client.request_ok("image_create", {"containerId": "c1", "config": {"name": "n"}})
     image = res["data"]["record"]
     await watcher.request("image_get_request", {"imageId": image["imageId"]})
+    await server.settle()  # the watcher's subscribe is handled
     seen: list[dict[str, Any]] = []
     reconnected, second_delta = asyncio.Event(), asyncio.Event()
 
@@ -46,7 +45,7 @@ async def stream_and_drop(client: AgentVMClient, watcher: StockClient,
     await client.request_ok("message_send", {"imageId": image["imageId"], "content": "slow reply"})
     await asyncio.wait_for(second_delta.wait(), 5)
     dropped_at = len(seen)
-    own.close("test: dropped by the server")  # mid-stream
+    server.drop(own)  # mid-stream
     await asyncio.wait_for(reconnected.wait(), 5)
     await watcher.wait_type("turn_response")
     for _ in range(100):

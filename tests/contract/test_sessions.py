@@ -4,19 +4,18 @@ interrupts, multi-turn context, coalescing, isolation and restart."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
+from tests.contract.conftest import MakeServer, Server
 from tests.support.scripts import RecordingDriver, reference_driver
-from tests.support.servers import InProcess, in_process
 from tests.support.stock_client import StockClient
 
 
-async def test_two_connections_on_one_image_both_receive_the_stream(server: InProcess) -> None:
+async def test_two_connections_on_one_image_both_receive_the_stream(server: Server) -> None:
     async with StockClient(server.url) as a, StockClient(server.url) as b:
         image = await a.new_image("c1")
         await b.request("image_get_request", {"imageId": image["imageId"]})  # subscribes via __subscriptions
-        await asyncio.sleep(0.05)
+        await server.settle()
         a_events = await a.turn(image["imageId"], "Hello!")
         await b.wait_type("turn_response")
         b_events = [e for e in b.events if "seq" in e]
@@ -27,11 +26,11 @@ async def test_two_connections_on_one_image_both_receive_the_stream(server: InPr
         assert [e["seq"] for e in b_events if e["type"] != "user_message"] == [e["seq"] for e in a_events]
 
 
-async def test_reconnect_with_after_seq_gets_exactly_the_missed_events(server: InProcess) -> None:
+async def test_reconnect_with_after_seq_gets_exactly_the_missed_events(server: Server) -> None:
     async with StockClient(server.url) as watcher, StockClient(server.url) as a:
         image = await a.new_image("c1")
         await watcher.request("image_get_request", {"imageId": image["imageId"]})
-        await asyncio.sleep(0.05)
+        await server.settle()
         await a.request("message_send_request", {"imageId": image["imageId"], "content": "slow reply"})
         await a.wait_for(lambda e: e.get("type") == "text_delta")
         await a.wait_for(lambda e: e.get("type") == "text_delta" and e["data"]["text"] == "two ")
@@ -60,7 +59,7 @@ async def test_reconnect_with_after_seq_gets_exactly_the_missed_events(server: I
             await b.close()
 
 
-async def test_replay_after_the_turn_is_persisted(server: InProcess) -> None:
+async def test_replay_after_the_turn_is_persisted(server: Server) -> None:
     async with StockClient(server.url) as a:
         image = await a.new_image("c1")
         live = await a.turn(image["imageId"], "Hello!")
@@ -99,7 +98,7 @@ async def test_message_during_a_turn_is_queued_and_runs_next(client: StockClient
     assert ctx[2]["content"] == [{"type": "text", "text": "Hello!"}]
 
 
-async def test_interrupt_during_streaming(client: StockClient) -> None:
+async def test_interrupt_during_streaming(server: Server, client: StockClient) -> None:
     image = await client.new_image("c1")
     iid = image["imageId"]
     start = len(client.events)
@@ -109,10 +108,17 @@ async def test_interrupt_during_streaming(client: StockClient) -> None:
     res = await client.request("agent_interrupt_request", {"imageId": iid})
     assert res["data"]["agentId"].startswith("agent_")
     await client.wait_type("turn_response", start=mark)
-    after = client.types(mark)
-    assert after[:2] == ["interrupted", "agent_interrupt_response"]
-    tail = [t for t in after[2:] if t != "text_delta"]
-    assert tail == ["message_stop", "assistant_message", "conversation_end", "turn_response"]
+    # Deltas already on their way may still arrive before `interrupted` (in the cloud the running
+    # chat_turn sees the request at its next poll, within 0.25 s); nothing else may.
+    after = [t for t in client.types(mark) if t not in ("text_delta", "conversation_responding")]
+    session = [t for t in after if t != "agent_interrupt_response"]
+    assert session == ["interrupted", "message_stop", "assistant_message", "conversation_end", "turn_response"]
+    # The response follows `interrupted`: at once locally; in the cloud `ws_default` answers when the
+    # running chat_turn has acknowledged, by which time the turn may have closed (docs/cloud-design.md).
+    assert after.count("agent_interrupt_response") == 1
+    assert after.index("agent_interrupt_response") > after.index("interrupted")
+    if server.backend == "local":
+        assert after[1] == "agent_interrupt_response"
     ev = {e["type"]: e["data"] for e in client.events[mark:]}
     assert ev["message_stop"] == {"stopReason": "end_turn"}
     assert ev["conversation_end"] == {"reason": "interrupted"}
@@ -167,14 +173,14 @@ async def test_midstream_error_keeps_what_was_streamed(client: StockClient) -> N
     assert history[2]["errorCode"] == "overloaded_error"
 
 
-async def test_flush_window_merges_deltas(tmp_path: Path) -> None:
+async def test_flush_window_merges_deltas(make_server: MakeServer) -> None:
     script = parse_script("""
 rules:
   - responses:
       - text: ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
         delay_ms: 10
 """)
-    async with in_process(tmp_path / "d", driver=ScriptedDriver(script), stream_flush_ms=200) as srv, \
+    async with make_server(driver=ScriptedDriver(script), stream_flush_ms=200) as srv, \
             StockClient(srv.url) as c:
         image = await c.new_image("c1")
         events = await c.turn(image["imageId"], "go")
@@ -208,13 +214,13 @@ async def test_containers_are_isolated(client: StockClient) -> None:
     assert a["sessionId"] != b["sessionId"]
 
 
-async def test_history_and_images_survive_a_restart(tmp_path: Path) -> None:
-    data_dir = tmp_path / "d"
-    async with in_process(data_dir, driver=reference_driver()) as srv, StockClient(srv.url) as c:
+async def test_history_and_images_survive_a_restart(server: Server) -> None:
+    async with StockClient(server.url) as c:
         image = await c.new_image("c1", name="Kept", systemPrompt="be brief")
         first = await c.turn(image["imageId"], "Hello!")
     recorder = RecordingDriver(reference_driver())
-    async with in_process(data_dir, driver=recorder) as srv, StockClient(srv.url) as c:
+    await server.restart(driver=recorder)
+    async with StockClient(server.url) as c:
         got = (await c.request("image_get_request", {"imageId": image["imageId"]}))["data"]["record"]
         assert got["name"] == "Kept" and got["sessionId"] == image["sessionId"]
         assert (await c.request("container_list_request"))["data"]["containerIds"] == ["c1"]

@@ -28,10 +28,12 @@ rules:
     responses:
       - text: ["partial ", "answer ", "then"]
         error: {code: overloaded_error, message: Overloaded, after_chunks: 2}
+  # ~0.8 s: long enough for a second message to be queued and announced while it runs, in the
+  # cloud too, where the running chat_turn picks up such messages at its next poll (0.25 s)
   - match: "^slow"
     responses:
       - text: ["one ", "two ", "three ", "four ", "five ", "six ", "seven ", "eight"]
-        delay_ms: 40
+        delay_ms: 100
   - match: "^unknown tool"
     responses:
       - text: ["Trying."]

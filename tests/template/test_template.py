@@ -283,15 +283,7 @@ def test_function_is_small_arm64_python312(name: str) -> None:
     assert function.get("EphemeralStorage", {"Size": 512})["Size"] == 512
 
 
-# Handlers still to land with the cloud runtime (issue 3, see its note). Strict: once one exists its
-# xpass fails the suite, so a marker cannot outlive the gap it tracks.
-_PENDING_HANDLERS = {"WsConnectFunction", "WsDefaultFunction", "ChatTurnFunction"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="arrives with the cloud handlers (issue 3)"))
-    if n in _PENDING_HANDLERS else n
-    for n in sorted(FUNCTIONS)])
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_function_code_folder_exists(name: str) -> None:
     handler = ROOT / "functions" / FUNCTIONS[name] / "handler.py"
     assert handler.is_file(), f"template.yaml points {name} at {handler.relative_to(ROOT)}, which does not exist"

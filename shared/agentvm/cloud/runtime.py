@@ -1,31 +1,86 @@
-"""The cloud composition root. One `CloudRuntime` per Lambda execution environment: clients are
-created on first use and reused by every invocation; one event loop is kept for the environment
-(botocore clients are loop-independent, and asyncio primitives must not hop between loops)."""
+"""The cloud composition root: the only place that chooses the AWS adapters.
+
+One `CloudRuntime` per Lambda execution environment: clients are created on first use and reused by
+every invocation; one event loop is kept for the environment (botocore clients are loop-independent,
+and asyncio primitives must not hop between loops). Per invocation, `invocation()` wires a fresh
+`CloudFanout` (its delivery state belongs to one invocation) with the services over it.
+
+An execution environment is a thread here: Lambda runs one invocation at a time per environment,
+and the test harness emulates several warm environments with several threads.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import threading
+import uuid
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agentvm.adapters.aws.apigw_gateway import ApiGatewayGateway
+from agentvm.adapters.aws.apigw_gateway import MAX_FRAME_BYTES, ApiGatewayGateway
+from agentvm.adapters.aws.aws_env import SecretValues
+from agentvm.adapters.aws.cloud_fanout import CloudFanout
 from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
+from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
+from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
+from agentvm.adapters.aws.frame_offload import S3FrameOffload
+from agentvm.adapters.aws.lambda_dispatcher import LambdaDispatcher
+from agentvm.adapters.aws.s3_blobs import S3BlobStore
+from agentvm.api.ws_router import CommandRouter
+from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
+from agentvm.domain.models import LoggedEvent
+from agentvm.engine.runner import EngineOptions
 from agentvm.errors import InvalidRequest
+from agentvm.ports import Driver
+from agentvm.services.bundle import Services
+from agentvm.services.deps import Deps
+from agentvm.services.leased_sessions import LeasedSessions
+from agentvm.services.session_worker import SessionWorker
 
 T = TypeVar("T")
 
-_loop: asyncio.AbstractEventLoop | None = None
+
+class _Environment(threading.local):
+    loop: asyncio.AbstractEventLoop | None = None
+    runtime: CloudRuntime | None = None
+
+
+_env = _Environment()
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run one invocation's work on the environment's event loop."""
-    global _loop
-    if _loop is None or _loop.is_closed():
-        _loop = asyncio.new_event_loop()
-    return _loop.run_until_complete(coro)
+    if _env.loop is None or _env.loop.is_closed():
+        _env.loop = asyncio.new_event_loop()
+    return _env.loop.run_until_complete(coro)
+
+
+def build_driver(settings: Settings, api_key: str | None) -> Driver:
+    """The function tier's LLM driver: the SDK-free Anthropic driver when a key is configured, else
+    the offline scripted driver. Imported here, so only `chat_turn` pays for loading a driver."""
+    if api_key:
+        from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
+
+        return AnthropicLiteDriver(api_key, base_url=settings.llm_base_url, timeout_s=settings.llm_timeout_s,
+                                   max_retries=settings.llm_max_retries)
+    from agentvm.drivers.scripted import ScriptedDriver
+
+    if settings.script_path is not None:
+        return ScriptedDriver.from_file(settings.script_path)
+    return ScriptedDriver()
+
+
+@dataclass(slots=True)
+class Invocation:
+    """The objects of one invocation, over the environment's clients."""
+
+    owner: str
+    fanout: CloudFanout
+    deps: Deps
 
 
 class CloudRuntime:
@@ -37,20 +92,85 @@ class CloudRuntime:
         self.store = DynamoDBStore(settings.table_name, endpoint_url=settings.aws_endpoint_url,
                                    region_name=settings.aws_region)
         self.registry = DynamoDBConnections(self.store)
+        self.leases = DynamoDBLeases(self.store)
+        self.authenticator = Authenticator(DynamoDBKeys(self.store))
+        self._driver: Driver | None = None
 
     @functools.cached_property
     def gateway(self) -> ApiGatewayGateway:
-        if not self.settings.ws_endpoint:
+        s = self.settings
+        if not s.ws_endpoint:
             raise InvalidRequest("AVM_WS_ENDPOINT is not set: cannot post to WebSocket connections",
                                  field="ws_endpoint")
-        return ApiGatewayGateway(self.settings.ws_endpoint, region_name=self.settings.aws_region)
+        # Offload only what API Gateway cannot carry: below 128 KB, extra 32 KB units ($1 per million
+        # each) cost less than an S3 PUT ($5 per million) plus the GET and the reference frame.
+        offload = None
+        if s.bucket:
+            offload = S3FrameOffload(S3BlobStore(s.bucket, prefix="tmp", endpoint_url=s.aws_endpoint_url,
+                                                 region_name=s.aws_region))
+        return ApiGatewayGateway(s.ws_endpoint, region_name=s.aws_region, blobs=offload,
+                                 inline_limit=MAX_FRAME_BYTES)
+
+    @functools.cached_property
+    def dispatcher(self) -> LambdaDispatcher:
+        s = self.settings
+        if not s.chat_turn_function:
+            raise InvalidRequest("AVM_CHAT_TURN_FUNCTION is not set: cannot start turns", field="chat_turn_function")
+        return LambdaDispatcher(s.chat_turn_function, endpoint_url=s.lambda_endpoint_url or s.aws_endpoint_url,
+                                region_name=s.aws_region)
+
+    @functools.cached_property
+    def secrets(self) -> SecretValues:
+        return SecretValues(endpoint_url=self.settings.aws_endpoint_url, region_name=self.settings.aws_region)
 
     async def ready(self) -> CloudRuntime:
         await self.store.open()
         return self
 
+    async def driver(self) -> Driver:
+        """The LLM driver, with its key read from Secrets Manager (cached for the environment)."""
+        if self._driver is None:
+            s = self.settings
+            key = s.llm_api_key.get_secret_value() if s.llm_api_key is not None else None
+            if not key and s.llm_secret_arn:
+                key = await self.secrets.get(s.llm_secret_arn)
+            self._driver = build_driver(s, key)
+        return self._driver
 
-@functools.cache
+    def options(self, driver: Driver | None) -> EngineOptions:
+        s = self.settings
+        model = "scripted" if driver is not None and driver.name == "scripted" else s.llm_model
+        return EngineOptions(default_model=model, max_tokens=s.llm_max_tokens, flush_ms=s.stream_flush_ms,
+                             max_flush_ms=s.stream_max_flush_ms, max_iterations=s.max_tool_iterations,
+                             tier="function")
+
+    def invocation(self, tenant_id: str, *, role: str, driver: Driver | None = None) -> Invocation:
+        store = self.store
+
+        async def replay(session_id: str, after_seq: int) -> list[LoggedEvent]:
+            return await store.read_events(tenant_id, session_id, after_seq)
+
+        owner = f"{role}:{uuid.uuid4().hex}"
+        fanout = CloudFanout(gateway=self.gateway, registry=self.registry, tenant_id=tenant_id, replay_source=replay)
+        return Invocation(owner, fanout, Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver)))
+
+    def router(self, invocation: Invocation) -> CommandRouter:
+        """`ws_default`: the AgentX command router over the services, sessions hosted by lease."""
+        sessions = LeasedSessions(invocation.deps, fanout=invocation.fanout, leases=self.leases,
+                                  dispatcher=self.dispatcher, owner=invocation.owner)
+        return CommandRouter(Services(invocation.deps, sessions), invocation.fanout)
+
+    def worker(self, invocation: Invocation) -> SessionWorker:
+        return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner)
+
+
 def runtime() -> CloudRuntime:
     """The execution environment's runtime, built from the environment on first use."""
-    return CloudRuntime(Settings())
+    if _env.runtime is None:
+        _env.runtime = CloudRuntime(Settings())
+    return _env.runtime
+
+
+def reset() -> None:
+    """Forget this environment's runtime (tests: a new execution environment)."""
+    _env.runtime = None

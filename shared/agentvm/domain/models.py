@@ -171,6 +171,34 @@ class ConnectionRecord:
     tenant_id: str
     key_id: str | None
     connected_at: int
+    # what the connection already subscribes to and watches (read with the record, so a frame
+    # that names them again costs no registry write)
+    sessions: frozenset[str] = frozenset()
+    containers: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """A cloud session's coordination state, kept on its session item.
+
+    `first_seq`..`last_seq`: the seq block reserved with the lease (empty when only read).
+    `queued`: turns waiting for `chat_turn`; `announce`: queued turns whose user message has not
+    been published yet (they were queued while someone else held the lease); `pending_subs`:
+    connections owed an `afterSeq` replay; `interrupts`: a counter of interrupt requests, and
+    `interrupts_seen` how far the holder has acted on them."""
+
+    first_seq: int = 0
+    last_seq: int = 0
+    queued: frozenset[str] = frozenset()
+    announce: frozenset[tuple[str, str]] = frozenset()  # (turn id, the sender's connection id or "")
+    pending_subs: frozenset[str] = frozenset()
+    interrupts: int = 0
+    interrupts_seen: int = 0  # the highest interrupt count the lease holder has acted on
+    held: bool = False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.queued or self.announce or self.pending_subs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ SEQ_BLOCK = 10_000
 
 class SessionChannel:
     def __init__(self, *, store: Store, fanout: Fanout, tenant_id: str, session_id: str,
-                 context: dict[str, str], first_seq: int, reserved_until: int) -> None:
+                 context: dict[str, str], first_seq: int, reserved_until: int, block: int = SEQ_BLOCK) -> None:
         self.store = store
         self.fanout = fanout
         self.tenant_id = tenant_id
@@ -32,6 +32,7 @@ class SessionChannel:
         self.context = context
         self._next_seq = first_seq
         self._reserved_until = reserved_until
+        self._block = block
         self._reserving: asyncio.Task[None] | None = None
         self._pending: list[LoggedEvent] = []
 
@@ -47,7 +48,7 @@ class SessionChannel:
         """Allocate a seq, send to subscribers now, and keep the event for the next checkpoint."""
         seq = self._next_seq
         self._next_seq += 1
-        if self._reserved_until - seq < SEQ_BLOCK // 2 and self._reserving is None:
+        if self._reserved_until - seq < self._block // 2 and self._reserving is None:
             self._reserving = asyncio.get_running_loop().create_task(self._reserve_more())
         ts = now_ms()
         payload = encode(event(type_, data, self.context, timestamp=ts if timestamp is None else timestamp,
@@ -70,7 +71,7 @@ class SessionChannel:
 
     async def _reserve_more(self) -> None:
         try:
-            _first, until = await self.store.reserve_seqs(self.tenant_id, self.session_id, SEQ_BLOCK)
+            _first, until = await self.store.reserve_seqs(self.tenant_id, self.session_id, self._block)
             self._reserved_until = max(self._reserved_until, until)
             # Blocks are reserved from the stored ceiling, so allocation continues without a gap.
         except Exception:

@@ -1,7 +1,7 @@
 """Text-delta coalescing: the first delta goes at once, later ones merge into one per window.
 
 API Gateway bills every frame. With a fixed 250 ms window a reply of 100 deltas over 10 s is still
-~40 frames, so the window may grow after each flush (×1.5, up to `max_flush_ms`): the start of a
+~40 frames, so the window may grow after each frame it sends (×1.5, up to `max_flush_ms`): the start of a
 reply streams briskly and a long reply costs ~12 frames. Any other event flushes the pending text
 first, so the event order never changes.
 """
@@ -33,6 +33,7 @@ class DeltaCoalescer:
         now = time.monotonic()
         if not self._buf and now - self._last_emit >= self._window:
             self._last_emit = now
+            self._grow()
             self._emit_text(chunk)
             return
         self._buf.append(chunk)
@@ -48,8 +49,12 @@ class DeltaCoalescer:
             text = "".join(self._buf)
             self._buf.clear()
             self._last_emit = time.monotonic()
-            self._window = min(self._window * GROWTH, self._max_window)
+            self._grow()
             self._emit_text(text)
+
+    def _grow(self) -> None:
+        # After every frame, so deltas that arrive just slower than the window merge too.
+        self._window = min(self._window * GROWTH, self._max_window)
 
     @property
     def pending(self) -> bool:

@@ -7,11 +7,11 @@ from agentvm.domain.models import Agent, Image, Principal
 from agentvm.ids import agent_id, now_ms
 from agentvm.protocol.envelope import encode, event
 from agentvm.services.deps import Deps
-from agentvm.services.sessions import SessionRegistry
+from agentvm.services.session_host import SessionHost
 
 
 class AgentService:
-    def __init__(self, deps: Deps, sessions: SessionRegistry) -> None:
+    def __init__(self, deps: Deps, sessions: SessionHost) -> None:
         self.deps = deps
         self.sessions = sessions
 
@@ -31,9 +31,7 @@ class AgentService:
                 {"containerId": agent.container_id, "agentId": agent.agent_id, "definitionName": image.name,
                  "registeredAt": ts},
                 {"containerId": agent.container_id, "agentId": agent.agent_id})))
-        actor = self.sessions.get(image.session_id)
-        if actor is not None:
-            actor.set_agent(agent.agent_id)
+        self.sessions.set_agent(image.session_id, agent.agent_id)
         return agent, created
 
     async def destroy(self, p: Principal, agent: Agent, image: Image | None) -> bool:
@@ -41,12 +39,7 @@ class AgentService:
         if not await store.delete_agent(p.tenant_id, agent.agent_id):
             return False
         if image is not None:
-            actor = await self.sessions.actor_for(image, None)
-            await actor.stop(reason="The agent was stopped.")
-            actor.channel.context["agentId"] = agent.agent_id
-            actor.channel.publish("session_destroyed", {"sessionId": image.session_id, "agentId": agent.agent_id,
-                                                        "containerId": agent.container_id})
-            await actor.flush()
+            await self.sessions.stop(image, agent.agent_id, reason="The agent was stopped.")
         self.deps.fanout.to_container(p.tenant_id, agent.container_id, encode(event(
             "agent_unregistered", {"containerId": agent.container_id, "agentId": agent.agent_id},
             {"containerId": agent.container_id, "agentId": agent.agent_id})))

@@ -1,4 +1,4 @@
-"""All services over one set of ports."""
+"""All services over one set of ports and one session host."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ from agentvm.services.agents import AgentService
 from agentvm.services.containers import ContainerService
 from agentvm.services.deps import Deps
 from agentvm.services.images import ImageService
+from agentvm.services.session_host import SessionHost
 from agentvm.services.sessions import SessionRegistry
 from agentvm.services.turns import TurnService
 
 
 class Services:
-    def __init__(self, deps: Deps) -> None:
+    def __init__(self, deps: Deps, sessions: SessionHost | None = None) -> None:
         self.deps = deps
-        self.sessions = SessionRegistry(deps)
+        self.sessions: SessionHost = sessions if sessions is not None else SessionRegistry(deps)
         self.containers = ContainerService(deps)
         self.agents = AgentService(deps, self.sessions)
         self.images = ImageService(deps, self.sessions, self.containers, self.agents)

@@ -13,6 +13,12 @@ from agentvm.ports import Driver, Fanout, Store
 class Deps:
     store: Store
     fanout: Fanout
-    driver: Driver
+    # None where no turn runs (the cloud's `ws_default`: the driver and its key stay unloaded)
+    driver: Driver | None
     options: EngineOptions
     tools: ToolRunner = field(default_factory=NoTools)
+
+    def llm(self) -> Driver:
+        if self.driver is None:
+            raise RuntimeError("this runtime runs no turns: it was built without an LLM driver")
+        return self.driver

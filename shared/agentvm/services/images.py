@@ -12,7 +12,7 @@ from agentvm.protocol.commands import ImageConfig, ImageListItem
 from agentvm.services.agents import AgentService
 from agentvm.services.containers import ContainerService
 from agentvm.services.deps import Deps
-from agentvm.services.sessions import SessionRegistry
+from agentvm.services.session_host import SessionHost
 
 DEFAULT_IMAGE_NAME = "New Conversation"
 
@@ -31,7 +31,7 @@ def list_item(image: Image, agent: Agent | None) -> ImageListItem:
 
 
 class ImageService:
-    def __init__(self, deps: Deps, sessions: SessionRegistry, containers: ContainerService,
+    def __init__(self, deps: Deps, sessions: SessionHost, containers: ContainerService,
                  agents: AgentService) -> None:
         self.deps = deps
         self.sessions = sessions
@@ -83,7 +83,7 @@ class ImageService:
         agent = await self.deps.store.get_agent_for_image(p.tenant_id, image.image_id)
         if agent is not None:
             await self.agents.destroy(p, agent, image)
-        await self.sessions.forget(image.session_id)
+        await self.sessions.forget(image)
         await self.deps.store.delete_image(p.tenant_id, image.image_id)
 
     async def messages(self, p: Principal, image_id_: str) -> list[StoredMessage]:

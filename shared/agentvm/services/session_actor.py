@@ -88,7 +88,7 @@ class SessionActor:
         while self._queue:
             turn = self._queue.popleft()
             d = self.deps
-            self._runner = TurnRunner(store=d.store, driver=d.driver, channel=self.channel, tools=d.tools,
+            self._runner = TurnRunner(store=d.store, driver=d.llm(), channel=self.channel, tools=d.tools,
                                       options=d.options, history=self.history)
             try:
                 await self._runner.run(turn, self.image)

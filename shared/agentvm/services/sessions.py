@@ -1,16 +1,18 @@
-"""The registry of session actors, and subscriptions with `afterSeq` replay."""
+"""The local session host: one actor per active session, and subscriptions with `afterSeq` replay."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from typing import Any
 
-from agentvm.domain.models import Image, LoggedEvent
+from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Principal, Turn
 from agentvm.engine.channel import SessionChannel
 from agentvm.errors import NotFound
 from agentvm.services.deps import Deps
 from agentvm.services.session_actor import SessionActor
+from agentvm.services.user_turns import announce, new_user_turn
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,39 @@ class SessionRegistry:
             actor.set_agent(agent_id)
         return actor
 
+    def set_agent(self, session_id: str, agent_id: str) -> None:
+        actor = self._actors.get(session_id)
+        if actor is not None:
+            actor.set_agent(agent_id)
+
+    async def send(self, p: Principal, connection_id: str | None, image: Image, agent_id: str,
+                   content: str | list[dict[str, Any]]) -> Turn:
+        """Store the user message durably, announce it, and queue its turn on the session's actor."""
+        actor = await self.actor_for(image, agent_id)
+        async with actor.send_lock:
+            new = new_user_turn(p, image, content)
+            await self.deps.store.commit(Checkpoint(p.tenant_id, image.session_id, messages=[new.message],
+                                                    turns=[new.turn]))
+            actor.history.extend([new.message])
+            announce(actor.channel, new.message, sender=connection_id)
+            if actor.submit(new.turn):
+                actor.channel.publish("conversation_queued", {"messageId": new.message.message_id})
+        return new.turn
+
+    async def interrupt(self, image: Image, agent_id: str) -> None:
+        actor = self._actors.get(image.session_id)
+        if actor is not None and actor.interrupt():
+            actor.channel.publish("interrupted", {"agentId": agent_id, "containerId": image.container_id})
+
+    async def stop(self, image: Image, agent_id: str, *, reason: str) -> None:
+        """The agent was destroyed: end its turn, drop queued ones, announce `session_destroyed`."""
+        actor = await self.actor_for(image, None)
+        await actor.stop(reason=reason)
+        actor.channel.context["agentId"] = agent_id
+        actor.channel.publish("session_destroyed", {"sessionId": image.session_id, "agentId": agent_id,
+                                                    "containerId": image.container_id})
+        await actor.flush()
+
     async def subscribe(self, tenant_id: str, connection_id: str, session_id: str, after_seq: int | None) -> None:
         session = await self.deps.store.get_session(tenant_id, session_id)
         if session is None:
@@ -76,8 +111,8 @@ class SessionRegistry:
 
         await self.deps.fanout.subscribe(connection_id, session_id, session.container_id, after_seq, source)
 
-    async def forget(self, session_id: str) -> None:
-        actor = self._actors.pop(session_id, None)
+    async def forget(self, image: Image) -> None:
+        actor = self._actors.pop(image.session_id, None)
         if actor is not None:
             await actor.stop(reason="The image was deleted.")
 

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentvm.domain.models import Agent, Checkpoint, Image, Principal, StoredMessage, Turn, TurnStatus
+from agentvm.domain.models import Agent, Image, Principal, Turn
 from agentvm.errors import InvalidRequest, NotFound
-from agentvm.ids import message_id, now_ms, turn_id
-from agentvm.protocol import messages as msgs
 from agentvm.services.agents import AgentService
 from agentvm.services.deps import Deps
 from agentvm.services.images import ImageService
-from agentvm.services.sessions import SessionRegistry
+from agentvm.services.session_host import SessionHost
 
 
 class TurnService:
-    def __init__(self, deps: Deps, sessions: SessionRegistry, images: ImageService, agents: AgentService) -> None:
+    def __init__(self, deps: Deps, sessions: SessionHost, images: ImageService, agents: AgentService) -> None:
         self.deps = deps
         self.sessions = sessions
         self.images = images
@@ -39,22 +37,7 @@ class TurnService:
             self.deps.fanout.attach(connection_id, image.session_id, image.container_id)
         if agent is None:
             agent, _ = await self.agents.ensure(p, image)
-        actor = await self.sessions.actor_for(image, agent.agent_id)
-        async with actor.send_lock:
-            ts = now_ms()
-            mid = message_id()
-            body = msgs.user_message(mid, content, ts)
-            turn = Turn(p.tenant_id, turn_id(), image.session_id, image.image_id, image.container_id, mid,
-                        TurnStatus.QUEUED, ts)
-            stored = StoredMessage(image.session_id, mid, body, turn.turn_id)
-            await self.deps.store.commit(Checkpoint(p.tenant_id, image.session_id, messages=[stored],
-                                                    turns=[turn]))
-            actor.history.extend([stored])
-            ch = actor.channel
-            ch.publish("message_persisted", {"sessionId": image.session_id, "messageId": mid, "savedAt": now_ms()})
-            ch.publish("user_message", body, exclude=connection_id, timestamp=ts)
-            if actor.submit(turn):
-                ch.publish("conversation_queued", {"messageId": mid})
+        turn = await self.sessions.send(p, connection_id, image, agent.agent_id, content)
         return image, agent, turn
 
     async def interrupt(self, p: Principal, connection_id: str | None, image_id: str | None,
@@ -64,7 +47,6 @@ class TurnService:
             agent = await self.deps.store.get_agent_for_image(p.tenant_id, image.image_id)
         if connection_id is not None:
             self.deps.fanout.attach(connection_id, image.session_id, image.container_id)
-        actor = self.sessions.get(image.session_id)
-        if agent is not None and actor is not None and actor.interrupt():
-            actor.channel.publish("interrupted", {"agentId": agent.agent_id, "containerId": image.container_id})
+        if agent is not None:
+            await self.sessions.interrupt(image, agent.agent_id)
         return image, agent

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,12 +60,23 @@ async def run_blocking(fn: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args))
 
 
+_CREATE_LOCK = threading.Lock()
+
+
+@functools.cache
+def default_session() -> botocore.session.Session:
+    """The execution environment's botocore session: credentials are resolved and service models
+    loaded once for every client (and event handlers registered on it see every call)."""
+    return botocore.session.get_session()
+
+
 def new_client(service: str, *, session: botocore.session.Session | None = None, endpoint_url: str | None = None,
                region_name: str | None = None, config: Config | None = None) -> AsyncBotocoreClient:
     """Create the client (cheap: no I/O happens until the first call)."""
-    s = session or botocore.session.get_session()
-    return AsyncBotocoreClient(s.create_client(service, endpoint_url=endpoint_url, region_name=region_name,
-                                               config=config))
+    s = session or default_session()
+    with _CREATE_LOCK:  # clients are thread-safe, creating them from one session is not
+        return AsyncBotocoreClient(s.create_client(service, endpoint_url=endpoint_url, region_name=region_name,
+                                                   config=config))
 
 
 def dummy_session(region: str = "us-east-1") -> botocore.session.Session:

@@ -18,8 +18,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
-from agentvm.domain.models import LoggedEvent, Subscription
+from agentvm.domain.models import ConnectionRecord, LoggedEvent, Subscription
 from agentvm.ports import ConnectionRegistry, EventSource, Gateway
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ ReplaySource = Callable[[str, int], Awaitable[list[LoggedEvent]]]
 @dataclass(slots=True)
 class _Peer:
     connection_id: str
-    queue: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[str | asyncio.Future[None]] = field(default_factory=asyncio.Queue)
     sender: asyncio.Task[None] | None = None
     gone: bool = False
     # session_id → highest seq sent to this connection in this invocation
@@ -45,7 +46,7 @@ class CloudFanout:
         self.tenant_id = tenant_id
         self.refresh_s = refresh_s
         self.replay_source = replay_source
-        self._ops: asyncio.Queue[tuple[str, tuple[object, ...]] | None] = asyncio.Queue()
+        self._ops: asyncio.Queue[tuple[str, tuple[object, ...]]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._peers: dict[str, _Peer] = {}
         self._subs: dict[str, tuple[float, dict[str, Subscription]]] = {}
@@ -53,6 +54,15 @@ class CloudFanout:
         self._local: dict[str, dict[str, Subscription]] = {}
         self._log: dict[str, list[tuple[int, str]]] = {}  # what this invocation published per session
         self._writes: set[asyncio.Task[None]] = set()
+        # what the registry already records per connection (read with the connection record)
+        self._known_sessions: dict[str, frozenset[str]] = {}
+        self._known_containers: dict[str, set[str]] = {}
+        self.served: dict[str, set[str]] = {}  # session_id → connections whose owed replay was served
+
+    def known(self, record: ConnectionRecord) -> None:
+        """What `record`'s connection already subscribes to and watches: naming them again writes nothing."""
+        self._known_sessions[record.connection_id] = record.sessions
+        self._known_containers[record.connection_id] = set(record.containers)
 
     # ---- Fanout port ---------------------------------------------------------------------------
 
@@ -67,7 +77,10 @@ class CloudFanout:
         self._op("container", tenant_id, container_id, payload)
 
     def watch(self, connection_id: str, container_id: str) -> None:
-        self._write(self.registry.watch(self.tenant_id, container_id, connection_id))
+        known = self._known_containers.setdefault(connection_id, set())
+        if container_id not in known:
+            known.add(container_id)
+            self._write(self.registry.watch(self.tenant_id, container_id, connection_id))
 
     def attach(self, connection_id: str, session_id: str, container_id: str) -> None:
         """Live events only: recorded for later invocations and effective at once for this one."""
@@ -78,7 +91,8 @@ class CloudFanout:
         sub = Subscription(connection_id)
         self._remember(session_id, sub)
         self._op("mark", connection_id, session_id)
-        self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
+        if session_id not in self._known_sessions.get(connection_id, frozenset()):
+            self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
 
     async def subscribe(self, connection_id: str, session_id: str, container_id: str, after_seq: int | None,
                         source: EventSource) -> None:
@@ -99,27 +113,56 @@ class CloudFanout:
         self._op("mark", connection_id, session_id, last)
         self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
 
+    def owe_replay(self, connection_id: str, session_id: str, container_id: str, after_seq: int) -> None:
+        """The session's lease is taken: the holder will replay above `after_seq` (see `serve_pending`)."""
+        self.watch(connection_id, container_id)
+        sub = Subscription(connection_id, after_seq=after_seq, replayed_seq=after_seq, pending=True)
+        self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
+
     # ---- invocation lifecycle --------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Wait until every queued event is posted and every registry write is done."""
-        if self._worker is not None:
-            await self._ops.put(None)
-            await self._worker
-            self._worker = None
+        """Wait until every event published so far is posted and every registry write is done
+        (usable mid-invocation: publishing may go on meanwhile and is waited for too)."""
+        while True:
+            await self._ops.join()
+            for peer in list(self._peers.values()):
+                await peer.queue.join()
+            if self._writes:
+                await asyncio.gather(*list(self._writes), return_exceptions=True)
+            idle = all(t.done() for t in self._writes)
+            if idle and self._ops.empty() and all(p.queue.empty() for p in self._peers.values()):
+                return
+
+    async def flushed(self) -> None:
+        """Wait until everything published before this call is posted; later events may still be
+        in flight (unlike `drain`, this returns while a turn goes on streaming)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._op("barrier", done)
+        await done
+
+    async def close(self) -> None:
+        """Drain, then stop this invocation's tasks (the event loop outlives the invocation)."""
+        await self.drain()
+        tasks = [t for t in (self._worker, *(p.sender for p in self._peers.values())) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._worker = None
         for peer in self._peers.values():
-            if peer.sender is not None:
-                await peer.queue.put(None)
-                await peer.sender
-                peer.sender = None
-        if self._writes:
-            await asyncio.gather(*self._writes, return_exceptions=True)
+            peer.sender = None
+
+    def serve_pending(self, session_id: str) -> None:
+        """Re-read the session's subscribers now and serve the replays they are owed (the lease
+        holder does this before releasing the lease)."""
+        self._op("refresh", session_id)
 
     def listeners(self, session_id: str) -> int:
-        """Connections of the session still reachable (0: nobody is left to stream to)."""
+        """Subscribers of the session still reachable: 0 when every one has gone, -1 while they are
+        not known yet or there never was one (a turn nobody watches live is not stopped)."""
         cached = self._subs.get(session_id)
-        if cached is None:
-            return -1  # not known yet
+        if cached is None or not cached[1]:
+            return -1
         return sum(1 for c in cached[1] if not self._peer(c).gone)
 
     # ---- internals -------------------------------------------------------------------------------
@@ -156,10 +199,7 @@ class CloudFanout:
 
     async def _run(self) -> None:
         while True:
-            op = await self._ops.get()
-            if op is None:
-                return
-            kind, args = op
+            kind, args = await self._ops.get()
             try:
                 if kind == "conn":
                     self._send(str(args[0]), str(args[1]))
@@ -169,6 +209,13 @@ class CloudFanout:
                 elif kind == "container":
                     for cid in await self.registry.watchers(str(args[0]), str(args[1])):
                         self._send(cid, str(args[2]))
+                elif kind == "barrier":
+                    self._barrier(cast("asyncio.Future[None]", args[0]))
+                elif kind == "refresh":
+                    cached = self._subs.get(str(args[0]))
+                    if cached is not None:
+                        self._subs[str(args[0])] = (float("-inf"), cached[1])
+                    await self._subscribers(str(args[0]), 1 << 62)
                 elif kind == "mark":
                     peer = self._peer(str(args[0]))
                     if len(args) > 2:
@@ -177,6 +224,8 @@ class CloudFanout:
                         peer.sent.setdefault(str(args[1]), 0)
             except Exception:
                 log.exception("fan-out failed", extra={"op": kind})
+            finally:
+                self._ops.task_done()
 
     async def _deliver(self, session_id: str, seq: int, payload: str, exclude: str | None) -> None:
         subs = await self._subscribers(session_id, seq)
@@ -196,7 +245,8 @@ class CloudFanout:
         fresh = {s.connection_id: s for s in await self.registry.subscribers(self.tenant_id, session_id)}
         known = cached[1] if cached is not None else {}
         for cid, sub in fresh.items():
-            if cid not in known and cached is not None:
+            owed = sub.pending and cid not in self.served.get(session_id, ())
+            if (cid not in known and cached is not None) or owed:
                 await self._catch_up(session_id, sub, current_seq)
         local = self._local.get(session_id, {})
         merged = {**fresh, **{c: s for c, s in {**known, **local}.items() if c not in fresh}}
@@ -217,24 +267,54 @@ class CloudFanout:
                     floor = e.seq
             self._write(self.registry.put_subscription(
                 self.tenant_id, session_id, Subscription(sub.connection_id, sub.after_seq, floor, False)))
+            self.served.setdefault(session_id, set()).add(sub.connection_id)
         for seq, payload in mine:
             if floor < seq < current_seq:
                 self._send(sub.connection_id, payload)
                 floor = seq
         peer.sent[session_id] = floor
 
+    def _barrier(self, done: asyncio.Future[None]) -> None:
+        """Resolve `done` once every sender has posted what it holds now."""
+        loop = asyncio.get_running_loop()
+        markers: list[asyncio.Future[None]] = []
+        for peer in self._peers.values():
+            if peer.sender is not None and not peer.gone:
+                marker: asyncio.Future[None] = loop.create_future()
+                peer.queue.put_nowait(marker)
+                markers.append(marker)
+
+        def resolve(_: object) -> None:
+            if not done.done():
+                done.set_result(None)
+
+        asyncio.gather(*markers).add_done_callback(resolve)
+
     async def _post_loop(self, peer: _Peer) -> None:
         while True:
-            payload = await peer.queue.get()
-            if payload is None:
-                return
-            if peer.gone:
-                continue
+            item = await peer.queue.get()
             try:
-                ok = await self.gateway.post(peer.connection_id, payload)
-            except Exception:
-                log.exception("post failed", extra={"connection_id": peer.connection_id})
-                ok = True  # not known to be gone; the frame is lost, the connection kept
-            if not ok:
-                peer.gone = True
-                self._write(self.registry.delete_connection(peer.connection_id))
+                if isinstance(item, asyncio.Future):
+                    if not item.done():
+                        item.set_result(None)
+                elif not peer.gone:
+                    await self._post(peer, item)
+            finally:
+                peer.queue.task_done()
+
+    async def _post(self, peer: _Peer, payload: str) -> None:
+        try:
+            ok = await self.gateway.post(peer.connection_id, payload)
+        except Exception:
+            log.exception("post failed", extra={"connection_id": peer.connection_id})
+            ok = True  # not known to be gone; the frame is lost, the connection kept
+        if not ok:
+            peer.gone = True
+            self._write(self.registry.delete_connection(peer.connection_id))
+
+
+if TYPE_CHECKING:
+    from agentvm.ports import LeasedFanout
+
+    def _implements_fanout(fanout: CloudFanout) -> LeasedFanout:  # mypy checks the port's signatures
+        return fanout

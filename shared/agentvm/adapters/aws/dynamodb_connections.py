@@ -9,7 +9,9 @@
 |   (reverse)  | WSCONN#{conn}      | WATCH#{t}#{cid} | expires_at |
 
 A session's subscribers and a container's watchers are one Query each; the reverse items let
-`$disconnect` remove everything of a connection with one Query and one batch. Every item expires
+`$disconnect` remove everything of a connection with one Query and one batch, and `$default` read
+the connection with what it already subscribes to and watches in one Query (so a repeated
+subscription costs no write). Every item expires
 shortly after API Gateway's 2-hour connection cap, so a missed `$disconnect` leaves nothing behind.
 """
 
@@ -45,15 +47,16 @@ class DynamoDBConnections:
         await self.store.client.put_item(TableName=self.store.table_name, Item=item)
 
     async def get_connection(self, connection_id: str) -> ConnectionRecord | None:
-        res = await self.store.client.get_item(
-            TableName=self.store.table_name, ConsistentRead=True,
-            Key={"PK": _s(f"WSCONN#{_k(connection_id)}"), "SK": _s("CONN")})
-        item = res.get("Item")
-        if item is None or int(item[TTL_ATTRIBUTE]["N"]) <= time.time():
+        """The record with what the connection subscribes to and watches: one Query of its partition."""
+        items = await self._query(f"WSCONN#{_k(connection_id)}")
+        record = next((i for i in items if i["SK"]["S"] == "CONN"), None)
+        if record is None:
             return None
-        key = item.get("key_id")
-        return ConnectionRecord(connection_id, item["tenant_id"]["S"], key["S"] if key else None,
-                                int(item["connected_at"]["N"]))
+        key = record.get("key_id")
+        sessions = frozenset(i["session_id"]["S"] for i in items if "session_id" in i)
+        containers = frozenset(i["container_id"]["S"] for i in items if "container_id" in i)
+        return ConnectionRecord(connection_id, record["tenant_id"]["S"], key["S"] if key else None,
+                                int(record["connected_at"]["N"]), sessions, containers)
 
     async def delete_connection(self, connection_id: str) -> None:
         client, table = self.store.client, self.store.table_name
@@ -80,7 +83,8 @@ class DynamoDBConnections:
             {"PK": _s(f"SUBS#{scope}"), "SK": _s(f"CONN#{conn}"), "connection_id": _s(sub.connection_id),
              "after_seq": _n(sub.after_seq), "replayed_seq": _n(sub.replayed_seq),
              "pending": {"BOOL": sub.pending}, TTL_ATTRIBUTE: expires},
-            {"PK": _s(f"WSCONN#{conn}"), "SK": _s(f"SUB#{scope}"), TTL_ATTRIBUTE: expires},
+            {"PK": _s(f"WSCONN#{conn}"), "SK": _s(f"SUB#{scope}"), "session_id": _s(session_id),
+             TTL_ATTRIBUTE: expires},
         ])
 
     async def subscribers(self, tenant_id: str, session_id: str) -> list[Subscription]:
@@ -94,7 +98,7 @@ class DynamoDBConnections:
         expires = self._expires()
         await self._put_all([
             {"PK": _s(scope), "SK": _s(f"CONN#{conn}"), "connection_id": _s(connection_id), TTL_ATTRIBUTE: expires},
-            {"PK": _s(f"WSCONN#{conn}"), "SK": _s(scope), TTL_ATTRIBUTE: expires},
+            {"PK": _s(f"WSCONN#{conn}"), "SK": _s(scope), "container_id": _s(container_id), TTL_ATTRIBUTE: expires},
         ])
 
     async def watchers(self, tenant_id: str, container_id: str) -> list[str]:

@@ -4,20 +4,30 @@ Single-table design. Every id in a key is escaped (`%` → `%25`, `#` → `%23`)
 can never forge another tenant's key. `{created}` is epoch ms zero-padded to 16 digits, `{seq}` is
 zero-padded to 20 digits, so string order is numeric order.
 
-| Entity    | PK             | SK             | Index keys: GSI partition / sort                    | TTL        |
-|-----------|----------------|----------------|-----------------------------------------------------|------------|
-| Container | CONT#{t}#{cid} | CONT           | 1: TENANT#{t}#CONT / {created}#{cid}                | –          |
-| Image     | IMG#{t}#{iid}  | IMG            | 1: TENANT#{t}#IMG / {created}#{iid}                 | –          |
-|           |                |                | 2: CONT#{t}#{cid} / IMG#{created}#{iid}             |            |
-| Agent     | IMG#{t}#{iid}  | AGENT          | 1: TENANT#{t}#AGENT / {created}#{aid}               | –          |
-|           |                |                | 2: CONT#{t}#{cid} / AGENT#{created}#{aid}           |            |
-|           |                |                | 3: AGENT#{t}#{aid}                                  |            |
-| Session   | SESS#{t}#{sid} | SESS           | 4: EVLOG#{shard} / {t}#{sid}                        | –          |
-| Message   | SESS#{t}#{sid} | MSG#{mid}      | –                                                   | –          |
-| Event     | SESS#{t}#{sid} | EVT#{seq}      | –                                                   | expires_at |
-| Turn      | SESS#{t}#{sid} | TURN#{turn_id} | 3: TURN#{t}#{turn_id}                               | –          |
-|           |                |                | 4: TURN#{status}#{shard} / {created}#{t}#{turn_id}  |            |
-|           |                |                |    (only while queued or running)                   |            |
+| Entity    | PK             | SK                | Index keys: GSI partition / sort                   | TTL        |
+|-----------|----------------|-------------------|----------------------------------------------------|------------|
+| Container | CONT#{t}#{cid} | CONT              | 1: TENANT#{t}#CONT / {created}#{cid}               | –          |
+| Image     | IMG#{t}#{iid}  | IMG               | 1: TENANT#{t}#IMG / {created}#{iid}                | –          |
+|           |                |                   | 2: CONT#{t}#{cid} / IMG#{created}#{iid}            |            |
+| Agent     | IMG#{t}#{iid}  | AGENT             | 1: TENANT#{t}#AGENT / {created}#{aid}              | –          |
+|           |                |                   | 2: CONT#{t}#{cid} / AGENT#{created}#{aid}          |            |
+|           |                |                   | 3: AGENT#{t}#{aid}                                 |            |
+| Session   | SESS#{t}#{sid} | SESS              | 4: EVLOG#{shard} / {t}#{sid}                       | –          |
+| Message   | SESS#{t}#{sid} | MSG#{mid}         | –                                                  | –          |
+| Events    | SESS#{t}#{sid} | EVB#{last}        | –                                                  | expires_at |
+| (parts)   | SESS#{t}#{sid} | EVB#{last}#{part} | – (only for one event above 300 KB compressed)     | expires_at |
+| Turn      | SESS#{t}#{sid} | TURN#{turn_id}    | 3: TURN#{t}#{turn_id}                              | –          |
+|           |                |                   | 4: TURN#{status}#{shard} / {created}#{t}#{turn_id} |            |
+|           |                |                   |    (only while queued or running)                  |            |
+
+An event block, keyed by `{last}` (the last seq in it), holds events of one checkpoint:
+`first_seq`, `last_seq`, `n`, `created_at` and `oldest_created_at` (the newest and oldest event
+time, for pruning), and `data`, the zlib-compressed orjson of `[[seq, type, payload, created_at],
+...]` in seq order (payloads are the encoded JSON envelopes, byte for byte). Above `_BLOCK_BYTES`
+(300 KB) compressed, a checkpoint's events are halved into several blocks; a single event above it
+(a 1 MB tool result) keeps one block whose `data` continues in part items `#0001`…, `parts` on the
+block counting all its items. "#" sorts below every digit, so a block's parts come right after it
+and before the next block.
 
 GSI1 (G1PK/G1SK, projection ALL): tenant-wide lists. GSI2 (G2PK/G2SK, ALL): container-wide lists.
 GSI3 (G3PK, KEYS_ONLY): lookup by id. GSI4 (SPK/SSK, KEYS_ONLY): sparse maintenance index.
@@ -40,14 +50,26 @@ Why this shape:
 * GSI4 holds only turns that are queued or running (the attribute is absent otherwise), keyed on
   the status, for `list_unfinished_turns`; and sessions that may hold events, for `prune_events`.
   No Scan anywhere.
-* Events carry `expires_at` (epoch seconds, write time + `event_ttl_s`, default 48 h): DynamoDB
-  deletes them for free, lazily, so reads drop items whose `expires_at` has passed. TTL also ends
-  the newest event of a session (which the SQLite prune keeps); seqs still never go back because
-  they come from `seq_reserved` on the session item, not from the log.
-* Messages are keyed by id and events by seq, so a replayed checkpoint rewrites the same items
-  (same content) instead of adding any. Messages carry `pos` (the writer's clock in ns, strictly
-  increasing per process): `list_messages` sorts by it, which is insertion order like SQLite's
-  `pos` (a replayed message takes the position of the replay).
+* Events are written as one compressed block per checkpoint, not one item per event, because
+  on-demand bills a write unit per item per started KB. Measured on the events of real turns
+  (`avm serve`, scripted driver): with every delta sent, a 20-delta turn is 29 events, 9.0 KB of
+  envelopes: as items of their own 13.2 KB in 29 items = 29 WCU, as one block 1.1 KB of zlib data
+  in a 1.3 KB item = 2 WCU; a 100-delta turn is 109 events, 32.5 KB: 110 WCU before, one 2.6 KB
+  item = 3 WCU after. With the cloud's coalescing (`stream_max_flush_ms` 1000) a 100-delta turn
+  is 11 events, 5.5 KB: 13 WCU before, one 1.4 KB item = 2 WCU after. zlib level 6 is 10-12 %
+  smaller than level 1 for 0.02-0.2 ms more CPU per checkpoint: worth it when a KB costs a unit.
+* Blocks are keyed by their last seq, so `read_events(after)` is one Query from `EVB#{after}~` on
+  (the block holding `after + 1` is the first key above it), dropping the events up to `after` of
+  that first block. `last_seq` reads the key of the last item (one Query, descending, Limit 1).
+* Event blocks carry `expires_at` (epoch seconds, write time + `event_ttl_s`, default 48 h):
+  DynamoDB deletes them for free, lazily, so reads drop blocks whose `expires_at` has passed. TTL
+  also ends the newest event of a session (which the SQLite prune keeps); seqs still never go back
+  because they come from `seq_reserved` on the session item, not from the log.
+* Messages are keyed by id and event blocks by their last seq, so a replayed checkpoint rewrites
+  the same items (same content) instead of adding any. Blocks are never updated in place (only
+  `prune_events` rewrites one without its pruned events). Messages carry `pos` (the writer's
+  clock in ns, strictly increasing per process): `list_messages` sorts by it, which is insertion
+  order like SQLite's `pos` (a replayed message takes the position of the replay).
 * Strings stay strings (money, config/body as JSON text); numbers are read back as `int`.
 * Not carried over from SQLite on purpose: `commit` does not advance `Session.updated_at` (that
   would be a second write per message; nothing reads it).
@@ -57,20 +79,24 @@ create_container 1 W · get_container 1 R · list_containers 1 R/page · create_
 (TransactWriteItems, 2 items) · get_image 1 R · list_images 1 R/page · update_image 1 W ·
 delete_image 1 R + 1 R/page + ceil(n/25) W + 1 W · get_session 1 R · put_agent 1 W ·
 get_agent 2 R · get_agent_for_image 1 R · list_agents 1 R/page · delete_agent 1 R + 1 W ·
-commit ceil(items/25) W · list_messages 1 R/page · get_turn 2 R · list_turns 1 R/page ·
-read_events 1 R/page · last_seq 1 R · reserve_seqs 1 R + 1 W (+1 W if a seq was logged beyond every
-reservation) · prune_events 8 R + per session (1 R + ceil(n/25) W) · list_unfinished_turns
-16 R + ceil(n/100) R.
+commit ceil(items/25) W, where a checkpoint's events are 1 item (more only above 300 KB
+compressed): a text turn's final checkpoint is 1 W of 3 items · list_messages 1 R/page · get_turn
+2 R · list_turns 1 R/page · read_events 1 R/page (a page is up to 1 MB of blocks) · last_seq 1 R ·
+reserve_seqs 1 R + 1 W (+1 W if a seq was logged beyond every reservation) · prune_events 8 R +
+per session (1 R + 1 R per block cut in part + ceil(n/25) W, n = blocks deleted or rewritten) ·
+list_unfinished_turns 16 R + ceil(n/100) R.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import random
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import botocore.session
@@ -133,8 +159,14 @@ TABLE_DEFINITION: Final[dict[str, Any]] = {
 _CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"mode": "standard", "max_attempts": 5})
 _BATCH_WRITE_MAX = 25
 _BATCH_GET_MAX = 100
-_EVT_LO = "EVT#"
-_EVT_HI = "EVT#~"  # "~" sorts after every digit
+_EVB = "EVB#"
+_EVB_HI = "EVB#~"  # "~" sorts after every digit and "#"
+_EVB_HEAD_LEN = len(f"{_EVB}{0:020d}")  # a block's head item; its parts' keys are longer
+#: Compressed bytes per item: a block holds at most this much, and the compressed data of a single
+#: event above it is continued in part items. DynamoDB's item limit is 400 KB, names included.
+_BLOCK_BYTES = 300_000
+#: zlib level: 6 is 10-15 % smaller than 1 on a turn's events for ~0.1-0.2 ms more per checkpoint.
+_ZLIB_LEVEL = 6
 _UNFINISHED = (TurnStatus.QUEUED, TurnStatus.RUNNING)
 
 
@@ -389,17 +421,21 @@ class DynamoDBStore:
     async def commit(self, checkpoint: Checkpoint) -> None:
         """Write the checkpoint with BatchWriteItem: ceil(items / 25) requests, usually one.
 
-        Cost: one write unit per item per started KB, plus one GSI3 unit for a turn's first write and
-        GSI4 units when a turn enters or leaves queued/running. A text turn's final checkpoint
-        (1 message + ~12 events + 1 turn) is 14 items in 1 request.
+        The events go into one compressed block item (several above `_BLOCK_BYTES` compressed, see
+        `_event_blocks`). Cost: one write unit per item per started KB, plus one GSI3 unit for a
+        turn's first write and GSI4 units when a turn enters or leaves queued/running. A text turn's
+        final checkpoint (1 message + ~30 events + 1 turn) is 3 items in 1 request.
 
         No transaction (it would double every unit and cap a checkpoint at 100 items): every key
-        is deterministic (message id, event seq, turn id), so the batch is idempotent, and a
-        failure raises to the caller, which keeps the checkpoint and commits it again; replaying it
-        converges to the same items. The items are written in seq order, chunk by chunk. The price:
+        is deterministic (message id, last seq of an event block, turn id), so the batch is
+        idempotent, and a failure raises to the caller, which keeps the checkpoint and commits it
+        again; replaying it converges to the same items. A failed checkpoint's events come back
+        ahead of newer ones in the next checkpoint, so its block may then exist twice, alone and
+        inside a bigger block: `read_events` returns each seq once. The price of no transaction:
         while a batch is in flight (milliseconds; longer if unprocessed items are retried) a reader
-        may see part of it, e.g. seq n+1 before seq n. Live subscribers already have those events
-        from the channel; only a replay landing in that window is affected.
+        may see part of it, e.g. a later block before an earlier one of the same checkpoint. Live
+        subscribers already have those events from the channel; only a replay landing in that
+        window is affected.
         """
         t, sid = checkpoint.tenant_id, checkpoint.session_id
         pk = _s(_session_pk(t, sid))
@@ -414,11 +450,11 @@ class DynamoDBStore:
             _put_opt(item, "turn_id", m.turn_id)
             puts[sk] = item
         expires = int(self._clock()) + self._event_ttl_s
-        for e in sorted(checkpoint.events, key=lambda e: e.seq):
-            sk = _evt_sk(e.seq)
-            if sk not in puts:
-                puts[sk] = {"PK": pk, "SK": _s(sk), "seq": _n(e.seq), "type": _s(e.type), "payload": _s(e.payload),
-                            "created_at": _n(e.created_at), TTL_ATTRIBUTE: _n(expires)}
+        rows: dict[int, _Row] = {}
+        for e in checkpoint.events:
+            rows.setdefault(e.seq, (e.seq, e.type, e.payload, e.created_at))  # first wins, like INSERT OR IGNORE
+        for item in _event_block_items(pk, [rows[seq] for seq in sorted(rows)], expires):
+            puts[item["SK"]["S"]] = item
         for turn in checkpoint.turns:
             puts[f"TURN#{_k(turn.turn_id)}"] = _turn_item(turn)  # last wins, like INSERT OR REPLACE
         await self._batch_write([{"PutRequest": {"Item": i}} for i in puts.values()])
@@ -445,19 +481,36 @@ class DynamoDBStore:
 
     async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
                           limit: int = 10_000) -> list[LoggedEvent]:
+        """One Query from the block holding `after_seq + 1` on (blocks are keyed by their last seq).
+
+        Each block holds at least one event, so a page of `limit - len(out)` items (plus the parts
+        a block still lacks) is enough; the loop stops as soon as `limit` events are read.
+        """
         if limit <= 0:
             return []
         now = int(self._clock())
+        # Above every key of the block ending at after_seq, its parts included ("~" > "#").
+        lo = f"{_evb_sk(after_seq)}~" if after_seq >= 0 else _EVB
         params: dict[str, Any] = {
             "TableName": self.table_name, "ConsistentRead": True,
             "KeyConditionExpression": "PK = :pk AND SK BETWEEN :lo AND :hi",
-            "ExpressionAttributeValues": {":pk": _s(_session_pk(tenant_id, session_id)),
-                                          ":lo": _s(_evt_sk(max(after_seq + 1, 0))), ":hi": _s(_EVT_HI)}}
+            "ExpressionAttributeValues": {":pk": _s(_session_pk(tenant_id, session_id)), ":lo": _s(lo),
+                                          ":hi": _s(_EVB_HI)}}
         out: list[LoggedEvent] = []
+        last = after_seq
+        blocks = _BlockAssembler()
         while len(out) < limit:
-            resp = await self.client.query(**params, Limit=limit - len(out))
-            out.extend(LoggedEvent(_int(i, "seq"), i["type"]["S"], i["payload"]["S"], _int(i, "created_at"))
-                       for i in resp.get("Items", []) if _alive(i, now))
+            resp = await self.client.query(**params, Limit=limit - len(out) + blocks.missing())
+            for item in resp.get("Items", []):
+                block = blocks.feed(item)
+                if block is None or not _alive(block.head, now):
+                    continue
+                for seq, type_, payload, created_at in block.rows():
+                    if seq > last:  # a replayed checkpoint's block may repeat seqs of an earlier one
+                        out.append(LoggedEvent(seq, type_, payload, created_at))
+                        last = seq
+                        if len(out) == limit:
+                            return out
             if "LastEvaluatedKey" not in resp:
                 break
             params["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
@@ -465,56 +518,7 @@ class DynamoDBStore:
 
     async def last_seq(self, tenant_id: str, session_id: str) -> int:
         newest = await self._newest_event(_session_pk(tenant_id, session_id))
-        return _int(newest, "seq") if newest is not None and _alive(newest, int(self._clock())) else 0
-
-    async def acquire_lease(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
-                            seq_block: int) -> tuple[int, int] | None:
-        """Take the session's publish lease (free, expired, or already `owner`'s) and reserve a block
-        of seqs in the same conditional write. None when someone else holds it (or no session)."""
-        pk = _session_pk(tenant_id, session_id)
-        evlog = _evlog_keys(tenant_id, session_id)
-        now = int(self._clock() * 1000)
-        try:
-            resp = await self.client.update_item(
-                TableName=self.table_name, Key=_key(pk, "SESS"),
-                UpdateExpression="SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk "
-                                 "ADD seq_reserved :b",
-                ConditionExpression="attribute_exists(PK) AND (attribute_not_exists(lease_until) "
-                                    "OR lease_until < :now OR lease_owner = :o)",
-                ExpressionAttributeValues={":o": _s(owner), ":u": _n(now + ttl_ms), ":now": _n(now),
-                                           ":b": _n(seq_block), ":spk": evlog["SPK"], ":ssk": evlog["SSK"]},
-                ReturnValues="UPDATED_NEW")
-        except ClientError as exc:
-            if _conditional_failed(exc):
-                return None
-            raise
-        until = _int(resp["Attributes"], "seq_reserved")
-        return until - seq_block + 1, until
-
-    async def renew_lease(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> bool:
-        now = int(self._clock() * 1000)
-        try:
-            await self.client.update_item(
-                TableName=self.table_name, Key=_key(_session_pk(tenant_id, session_id), "SESS"),
-                UpdateExpression="SET lease_until = :u", ConditionExpression="lease_owner = :o",
-                ExpressionAttributeValues={":o": _s(owner), ":u": _n(now + ttl_ms)})
-        except ClientError as exc:
-            if _conditional_failed(exc):
-                return False
-            raise
-        return True
-
-    async def release_lease(self, tenant_id: str, session_id: str, owner: str) -> bool:
-        try:
-            await self.client.update_item(
-                TableName=self.table_name, Key=_key(_session_pk(tenant_id, session_id), "SESS"),
-                UpdateExpression="REMOVE lease_owner, lease_until", ConditionExpression="lease_owner = :o",
-                ExpressionAttributeValues={":o": _s(owner)})
-        except ClientError as exc:
-            if _conditional_failed(exc):
-                return False
-            raise
-        return True
+        return _block_seq(newest) if newest is not None and _alive(newest, int(self._clock())) else 0
 
     async def reserve_seqs(self, tenant_id: str, session_id: str, block: int) -> tuple[int, int]:
         """An atomic counter on the session item (`ADD seq_reserved`), floored at the newest logged seq.
@@ -526,7 +530,7 @@ class DynamoDBStore:
         """
         pk = _session_pk(tenant_id, session_id)
         newest = await self._newest_event(pk)
-        logged = _int(newest, "seq") if newest is not None else 0
+        logged = _block_seq(newest) if newest is not None else 0
         key = _key(pk, "SESS")
         evlog = _evlog_keys(tenant_id, session_id)
         while True:
@@ -566,7 +570,10 @@ class DynamoDBStore:
         TTL already removes every event `event_ttl_s` after it was written, for free; this is for
         shorter retention. It visits the sessions in the sparse EVLOG index (8 Queries, no Scan);
         a session found without events leaves the index (the next `reserve_seqs` puts it back;
-        an event written from a block reserved earlier is still removed by TTL).
+        an event written from a block reserved earlier is still removed by TTL). A block whose
+        events are all older than the cutoff is deleted whole; a block crossing the cutoff, and the
+        newest block of a session (which keeps its last event), are read and rewritten without the
+        removed events, with their TTL unchanged. Returns the number of events removed.
         """
         sessions = await self._sparse_keys([f"EVLOG#{s}" for s in range(SHARDS)])
         sem = asyncio.Semaphore(8)
@@ -612,9 +619,11 @@ class DynamoDBStore:
         return None
 
     async def _newest_event(self, pk: str) -> Item | None:
+        """The key and TTL of the newest block's last item (its head, or its last part): see `_block_seq`."""
         resp = await self.client.query(
             TableName=self.table_name, KeyConditionExpression="PK = :pk AND SK BETWEEN :lo AND :hi",
-            ExpressionAttributeValues={":pk": _s(pk), ":lo": _s(_EVT_LO), ":hi": _s(_EVT_HI)},
+            ExpressionAttributeValues={":pk": _s(pk), ":lo": _s(_EVB), ":hi": _s(_EVB_HI)},
+            ProjectionExpression="SK, #ttl", ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE},
             ScanIndexForward=False, Limit=1, ConsistentRead=True)
         items = resp.get("Items", [])
         return items[0] if items else None
@@ -626,11 +635,14 @@ class DynamoDBStore:
         return [k for page in pages for k in page]
 
     async def _prune_session(self, pk: str, older_than_ms: int) -> int:
-        events = await self._query(KeyConditionExpression="PK = :pk AND SK BETWEEN :lo AND :hi",
-                                   ProjectionExpression="PK, SK, created_at", ConsistentRead=True,
-                                   ExpressionAttributeValues={":pk": _s(pk), ":lo": _s(_EVT_LO),
-                                                              ":hi": _s(_EVT_HI)})
-        if not events:
+        found = await self._query(
+            KeyConditionExpression="PK = :pk AND SK BETWEEN :lo AND :hi", ConsistentRead=True,
+            ProjectionExpression="SK, #n, #parts, #newest, #oldest",
+            ExpressionAttributeNames={"#n": "n", "#parts": "parts", "#newest": "created_at",
+                                      "#oldest": "oldest_created_at"},
+            ExpressionAttributeValues={":pk": _s(pk), ":lo": _s(_EVB), ":hi": _s(_EVB_HI)})
+        heads = [i for i in found if len(i["SK"]["S"]) == _EVB_HEAD_LEN]
+        if not heads:
             try:
                 await self.client.update_item(TableName=self.table_name, Key=_key(pk, "SESS"),
                                               UpdateExpression="REMOVE SPK, SSK",
@@ -639,10 +651,37 @@ class DynamoDBStore:
                 if not _conditional_failed(exc):  # else the session is gone: nothing to unlist
                     raise
             return 0
-        doomed = [{"DeleteRequest": {"Key": {"PK": e["PK"], "SK": e["SK"]}}}
-                  for e in events[:-1] if _int(e, "created_at") < older_than_ms]
-        await self._batch_write(doomed)
-        return len(doomed)
+        newest_seq = _block_seq(heads[-1])
+        writes: dict[str, Item] = {}  # by SK: one request per key (a rewrite's put wins over a delete)
+        removed = 0
+        for head in heads:
+            n, newest = _int(head, "n"), head is heads[-1]
+            if not newest and _int(head, "created_at") < older_than_ms:
+                for key in _block_keys(pk, head):
+                    writes.setdefault(key["SK"]["S"], {"DeleteRequest": {"Key": key}})
+                removed += n
+            elif _int(head, "oldest_created_at") < older_than_ms and (n > 1 or not newest):
+                removed += await self._trim_block(pk, head["SK"]["S"], older_than_ms, newest_seq, writes)
+        await self._batch_write(list(writes.values()))
+        return removed
+
+    async def _trim_block(self, pk: str, sk: str, older_than_ms: int, newest_seq: int, writes: dict[str, Item]) -> int:
+        """Add to `writes` the rewrite of a block without the events pruning removes; their number."""
+        items = await self._query(KeyConditionExpression="PK = :pk AND SK BETWEEN :lo AND :hi", ConsistentRead=True,
+                                  ExpressionAttributeValues={":pk": _s(pk), ":lo": _s(sk), ":hi": _s(f"{sk}#~")})
+        assembler = _BlockAssembler()
+        block = next((b for b in map(assembler.feed, items) if b is not None), None)
+        if block is None:  # deleted meanwhile, or incomplete: TTL removes it
+            return 0
+        rows = block.rows()
+        keep = [r for r in rows if r[3] >= older_than_ms or r[0] >= newest_seq]
+        if len(keep) == len(rows):
+            return 0
+        for key in _block_keys(pk, block.head):
+            writes.setdefault(key["SK"]["S"], {"DeleteRequest": {"Key": key}})
+        for item in _event_block_items(_s(pk), keep, _int(block.head, TTL_ATTRIBUTE)):
+            writes[item["SK"]["S"]] = {"PutRequest": {"Item": item}}
+        return len(rows) - len(keep)
 
     async def _batch_write(self, requests: list[Item]) -> None:
         async def send(chunk: list[Item]) -> list[Item]:
@@ -697,8 +736,12 @@ def _ts(ms: int) -> str:
     return f"{ms:016d}"
 
 
-def _evt_sk(seq: int) -> str:
-    return f"EVT#{seq:020d}"
+def _evb_sk(last_seq: int) -> str:
+    return f"{_EVB}{last_seq:020d}"
+
+
+def _part_sk(block_sk: str, part: int) -> str:
+    return f"{block_sk}#{part:04d}"
 
 
 def _image_pk(tenant_id: str, image_id: str) -> str:
@@ -752,6 +795,91 @@ def _alive(item: Mapping[str, Any], now_s: int) -> bool:
     """False once TTL has passed: DynamoDB deletes expired items lazily, reads must not see them."""
     expires = _opt_int(item, TTL_ATTRIBUTE)
     return expires is None or expires > now_s
+
+
+# ---- event blocks ----------------------------------------------------------------------------
+
+_Row = tuple[int, str, str, int]  # seq, type, payload (an encoded JSON envelope), created_at
+
+
+def _event_blocks(rows: list[_Row]) -> list[tuple[list[_Row], bytes]]:
+    """Rows (in seq order) as compressed blocks of at most `_BLOCK_BYTES`, halved by raw size until
+    they fit. A single event above it stays one block; `_event_block_items` continues it in parts."""
+    data = zlib.compress(orjson.dumps(rows), _ZLIB_LEVEL)
+    if len(data) <= _BLOCK_BYTES or len(rows) == 1:
+        return [(rows, data)]
+    sizes = list(itertools.accumulate(len(r[1]) + len(r[2]) for r in rows))  # sizes[k - 1]: rows[:k]
+    cut = min(range(1, len(rows)), key=lambda k: abs(2 * sizes[k - 1] - sizes[-1]))
+    return _event_blocks(rows[:cut]) + _event_blocks(rows[cut:])
+
+
+def _event_block_items(pk: Item, rows: list[_Row], expires: int) -> list[Item]:
+    """The items of the rows' blocks: per block a head (keyed by its last seq), and for data above
+    `_BLOCK_BYTES` (one big event) part items `EVB#{last}#0001`… that sort right after it."""
+    items: list[Item] = []
+    for block, data in _event_blocks(rows) if rows else []:
+        sk = _evb_sk(block[-1][0])
+        created = [r[3] for r in block]
+        head: Item = {"PK": pk, "SK": _s(sk), "first_seq": _n(block[0][0]), "last_seq": _n(block[-1][0]),
+                      "n": _n(len(block)), "created_at": _n(max(created)), "oldest_created_at": _n(min(created)),
+                      "data": {"B": data[:_BLOCK_BYTES]}, TTL_ATTRIBUTE: _n(expires)}
+        items.append(head)
+        parts = [data[i:i + _BLOCK_BYTES] for i in range(_BLOCK_BYTES, len(data), _BLOCK_BYTES)]
+        if parts:
+            head["parts"] = _n(1 + len(parts))
+            items.extend({"PK": pk, "SK": _s(_part_sk(sk, i)), "data": {"B": chunk}, TTL_ATTRIBUTE: _n(expires)}
+                         for i, chunk in enumerate(parts, 1))
+    return items
+
+
+def _block_seq(item: Mapping[str, Any]) -> int:
+    """The last seq of the block an item (head or part) belongs to, read from its key."""
+    return int(item["SK"]["S"][len(_EVB):_EVB_HEAD_LEN])
+
+
+def _block_keys(pk: str, head: Mapping[str, Any]) -> list[Item]:
+    sk = head["SK"]["S"]
+    return [_key(pk, sk)] + [_key(pk, _part_sk(sk, i)) for i in range(1, _opt_int(head, "parts") or 1)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    head: Item
+    data: bytes  # the compressed rows, parts joined
+
+    def rows(self) -> list[_Row]:
+        return [(int(seq), str(type_), str(payload), int(created))
+                for seq, type_, payload, created in orjson.loads(zlib.decompress(self.data))]
+
+
+class _BlockAssembler:
+    """Joins each block head with its parts, which a Query returns right after it (across pages).
+
+    A block missing a part (still being written, or a part already deleted by TTL) and a part
+    without its head (its block ends at the `after_seq` of a read, or the head expired) are skipped.
+    """
+
+    def __init__(self) -> None:
+        self._head: Item | None = None
+        self._chunks: list[bytes] = []
+
+    def missing(self) -> int:
+        """Parts the pending block still needs."""
+        return 0 if self._head is None else (_opt_int(self._head, "parts") or 1) - len(self._chunks)
+
+    def feed(self, item: Item) -> _Block | None:
+        sk = item["SK"]["S"]
+        if len(sk) == _EVB_HEAD_LEN:
+            self._head, self._chunks = item, [item["data"]["B"]]
+        elif self._head is not None and sk == _part_sk(self._head["SK"]["S"], len(self._chunks)):
+            self._chunks.append(item["data"]["B"])
+        else:
+            return None
+        if self.missing():
+            return None
+        block = _Block(self._head, b"".join(self._chunks))
+        self._head, self._chunks = None, []
+        return block
 
 
 def _error_code(exc: ClientError) -> str:
@@ -821,10 +949,7 @@ def _turn(i: Mapping[str, Any]) -> Turn:
 
 
 if TYPE_CHECKING:
-    from agentvm.ports import SessionLeases, Store
+    from agentvm.ports import Store
 
     def _implements_store(store: DynamoDBStore) -> Store:  # mypy checks the port's signatures
-        return store
-
-    def _implements_leases(store: DynamoDBStore) -> SessionLeases:
         return store

@@ -1,0 +1,31 @@
+"""chat_turn (async invoke by ws_default): run a session's queued turns under its lease and push the
+coalesced events to every subscribed connection. Payload: {"tenantId": …, "sessionId": …}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from agentvm.cloud.runtime import run, runtime
+
+log = logging.getLogger("agentvm.chat_turn")
+
+
+async def _run_turns(tenant_id: str, session_id: str) -> int:
+    rt = await runtime().ready()
+    inv = rt.invocation(tenant_id, role="chat_turn", driver=await rt.driver())
+    try:
+        turns = await rt.worker(inv).run(tenant_id, session_id)
+    finally:
+        await inv.fanout.close()
+    return len(turns)
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    tenant_id, session_id = event.get("tenantId"), event.get("sessionId")
+    if not isinstance(tenant_id, str) or not tenant_id or not isinstance(session_id, str) or not session_id:
+        # An async invoke that raises is retried; a malformed payload never gets better.
+        log.error("chat_turn: payload needs non-empty string tenantId and sessionId",
+                  extra={"keys": sorted(event) if isinstance(event, dict) else None})
+        return {"ran": 0, "error": "invalid_payload"}
+    return {"ran": run(_run_turns(tenant_id, session_id))}

@@ -1,0 +1,172 @@
+"""Secrets Manager secrets and SSM parameters, cached per execution environment.
+
+A warm Lambda serves many invocations; reading the LLM key or the runtime configuration on each
+one would add a network round trip (and a billed API call) to every request. Values are cached for
+`ttl_s` (default 5 min, so a rotated secret or a changed parameter is picked up within that time),
+and concurrent callers that miss share one in-flight request instead of each sending their own.
+Failures are not cached: the next call tries again.
+
+Errors are `UpstreamError`s that name the secret id or parameter path and the AWS error code, never
+a value (AWS error messages are left out too, as they are not ours to vet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Generic, TypeVar
+
+import botocore.session
+import orjson
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotocoreConnectionError
+
+from agentvm.adapters.aws.clients import LazyClient
+from agentvm.errors import InvalidRequest, UpstreamError
+
+T = TypeVar("T")
+
+#: A secret whose string is a JSON object with exactly one of these keys (and a string value)
+#: yields that value, so both the plain-text form and the console's key/value form work.
+ACCEPTED_JSON_KEYS: Final = ("apiKey", "api_key", "LLM_API_KEY", "ANTHROPIC_API_KEY")
+
+_RETRYABLE_CODES: Final = frozenset({"ThrottlingException", "Throttling", "TooManyRequestsException",
+                                     "InternalServiceError", "InternalServerError", "ServiceUnavailable"})
+_SSM_PAGE: Final = 10  # GetParametersByPath's maximum page size
+
+
+class _TtlCache(Generic[T]):
+    """Values per key for `ttl_s`; the misses for one key share a single fetch."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float]) -> None:
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._values: dict[str, tuple[T, float]] = {}
+        self._inflight: dict[str, asyncio.Task[T]] = {}
+
+    async def get(self, key: str, fetch: Callable[[], Awaitable[T]]) -> T:
+        hit = self._values.get(key)
+        if hit is not None and self._clock() - hit[1] < self._ttl_s:
+            return hit[0]
+        loop = asyncio.get_running_loop()
+        task = self._inflight.get(key)
+        if task is None or task.get_loop() is not loop:  # a task of a finished loop would never complete
+            task = loop.create_task(self._load(key, fetch))
+            task.add_done_callback(_consume_exception)
+            self._inflight[key] = task
+        # Shielded: a caller that is cancelled does not cancel the fetch the others are waiting for.
+        return await asyncio.shield(task)
+
+    async def _load(self, key: str, fetch: Callable[[], Awaitable[T]]) -> T:
+        try:
+            value = await fetch()
+            self._values[key] = (value, self._clock())
+            return value
+        finally:
+            if self._inflight.get(key) is asyncio.current_task():
+                del self._inflight[key]
+
+
+def _consume_exception(task: asyncio.Task[Any]) -> None:
+    # Every waiter gets the exception; this only stops asyncio from logging it when none was left.
+    if not task.cancelled():
+        task.exception()
+
+
+class SecretValues:
+    """`get(secret_id)`: a secret's string from Secrets Manager, one GetSecretValue per `ttl_s`."""
+
+    def __init__(self, *, session: botocore.session.Session | None = None, endpoint_url: str | None = None,
+                 region_name: str | None = None, ttl_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._client = LazyClient("secretsmanager", session=session, endpoint_url=endpoint_url,
+                                  region_name=region_name)
+        self._cache: _TtlCache[str] = _TtlCache(ttl_s, clock)
+
+    async def get(self, secret_id: str) -> str:
+        """The secret's string, or the value of its single accepted JSON key (`ACCEPTED_JSON_KEYS`)."""
+        if not secret_id:
+            raise InvalidRequest("secret id must not be empty", field="secret_id")
+        return await self._cache.get(secret_id, lambda: self._fetch(secret_id))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _fetch(self, secret_id: str) -> str:
+        what = f"Secrets Manager secret {secret_id!r}"
+        client = await self._client.get()
+        try:
+            res = await client.get_secret_value(SecretId=secret_id)
+        except (ClientError, BotoCoreError) as exc:
+            raise _upstream(what, exc) from None  # `from None`: AWS's own message stays out of tracebacks
+        raw = res.get("SecretString")
+        if not isinstance(raw, str):
+            raise UpstreamError(f"{what} has no string value (binary secrets are not supported)")
+        return _unwrap(raw)
+
+
+class ParameterValues:
+    """`get_path(path)`: every SSM parameter under a path, decrypted, one read per `ttl_s`."""
+
+    def __init__(self, *, session: botocore.session.Session | None = None, endpoint_url: str | None = None,
+                 region_name: str | None = None, ttl_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._client = LazyClient("ssm", session=session, endpoint_url=endpoint_url, region_name=region_name)
+        self._cache: _TtlCache[dict[str, str]] = _TtlCache(ttl_s, clock)
+
+    async def get_path(self, path: str) -> dict[str, str]:
+        """Parameters under `path` (recursively), keyed relative to it: `/app/prod` + `llm/model`.
+
+        A StringList comes back as SSM sends it, comma-separated. The result is a copy: callers may
+        change it without touching the cache.
+        """
+        prefix = "/" + path.strip("/")
+        return dict(await self._cache.get(prefix, lambda: self._fetch(prefix)))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _fetch(self, prefix: str) -> dict[str, str]:
+        what = f"SSM parameter path {prefix!r}"
+        client = await self._client.get()
+        kwargs: dict[str, Any] = {"Path": prefix, "Recursive": True, "WithDecryption": True, "MaxResults": _SSM_PAGE}
+        strip = len(prefix) if prefix == "/" else len(prefix) + 1
+        out: dict[str, str] = {}
+        while True:
+            try:
+                res = await client.get_parameters_by_path(**kwargs)
+            except (ClientError, BotoCoreError) as exc:
+                raise _upstream(what, exc) from None
+            for param in res.get("Parameters", []):
+                out[param["Name"][strip:]] = param["Value"]
+            token = res.get("NextToken")
+            if not token:
+                return out
+            kwargs["NextToken"] = token
+
+
+def _unwrap(raw: str) -> str:
+    if not raw.lstrip().startswith("{"):
+        return raw
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    if isinstance(doc, dict) and len(doc) == 1:
+        ((name, value),) = doc.items()
+        if name in ACCEPTED_JSON_KEYS and isinstance(value, str):
+            return value
+    return raw
+
+
+def _upstream(what: str, exc: ClientError | BotoCoreError) -> UpstreamError:
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", "")) or "UnknownError"
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        if code == "ResourceNotFoundException":
+            return UpstreamError(f"{what} not found")
+        return UpstreamError(f"Cannot read {what}: {code}", retryable=code in _RETRYABLE_CODES or status >= 500)
+    # Connection failures and timeouts may pass; bad credentials or parameters will not.
+    retryable = isinstance(exc, (BotocoreConnectionError, HTTPClientError))
+    return UpstreamError(f"Cannot read {what}: {type(exc).__name__}", retryable=retryable)

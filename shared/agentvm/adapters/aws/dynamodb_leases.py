@@ -1,0 +1,172 @@
+"""The SessionLeases port on the session item of the AgentVM table.
+
+Attributes kept on `SESS` beside the store's own: `lease_owner`, `lease_until` (epoch ms),
+`seq_reserved` (the store's seq counter: a lease comes with a block of seqs), and the session's
+coordination sets `queued`, `announce`, `pending_subs` (string sets) and the `interrupts` counter.
+
+Every step of the cloud turn protocol is one conditional UpdateItem that returns the whole state
+(`ReturnValues=ALL_NEW`): taking the lease reserves seqs and shows the queue; releasing it removes
+finished work and shows what was added meanwhile (release-then-recheck without a second request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import ClientError
+
+from agentvm.adapters.aws.dynamodb_store import (
+    DynamoDBStore,
+    Item,
+    _conditional_failed,
+    _evlog_keys,
+    _k,
+    _key,
+    _n,
+    _s,
+    _session_pk,
+    _turn,
+)
+from agentvm.domain.models import LeaseState, Turn
+
+_STATE = "lease_owner, lease_until, queued, announce, pending_subs, interrupts, interrupts_seen"
+
+
+class DynamoDBLeases:
+    def __init__(self, store: DynamoDBStore) -> None:
+        self.store = store
+
+    def _now_ms(self) -> int:
+        clock: Callable[[], float] = self.store._clock
+        return int(clock() * 1000)
+
+    async def _update(self, tenant_id: str, session_id: str, expression: str, values: Item,
+                      condition: str | None) -> Item | None:
+        params: dict[str, Any] = {
+            "TableName": self.store.table_name, "Key": _key(_session_pk(tenant_id, session_id), "SESS"),
+            "UpdateExpression": expression, "ExpressionAttributeValues": values, "ReturnValues": "ALL_NEW"}
+        if condition:
+            params["ConditionExpression"] = condition
+        try:
+            resp = await self.store.client.update_item(**params)
+        except ClientError as exc:
+            if _conditional_failed(exc):
+                return None
+            raise
+        attrs: Item = resp.get("Attributes", {})
+        return attrs
+
+    async def acquire(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
+                      seq_block: int) -> LeaseState | None:
+        now = self._now_ms()
+        evlog = _evlog_keys(tenant_id, session_id)
+        attrs = await self._update(
+            tenant_id, session_id,
+            "SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk ADD seq_reserved :b",
+            {":o": _s(owner), ":u": _n(now + ttl_ms), ":now": _n(now), ":b": _n(seq_block),
+             ":spk": evlog["SPK"], ":ssk": evlog["SSK"]},
+            "attribute_exists(PK) AND (attribute_not_exists(lease_until) OR lease_until < :now "
+            "OR lease_owner = :o)")
+        if attrs is None:
+            return None
+        until = int(attrs["seq_reserved"]["N"])
+        if seq_block > 0:
+            return _state(attrs, now, first_seq=until - seq_block + 1, last_seq=until)
+        return _state(attrs, now)
+
+    async def renew(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> LeaseState | None:
+        now = self._now_ms()
+        attrs = await self._update(tenant_id, session_id, "SET lease_until = :u",
+                                   {":o": _s(owner), ":u": _n(now + ttl_ms)}, "lease_owner = :o")
+        return None if attrs is None else _state(attrs, now)
+
+    async def release(self, tenant_id: str, session_id: str, owner: str, *, queue: str | None = None,
+                      done: Collection[str] = (), announced: Collection[tuple[str, str]] = (),
+                      served: Collection[str] = ()) -> LeaseState | None:
+        if queue is not None and done:
+            raise ValueError("release: queue and done cannot change the queue in the same write")
+        values: Item = {":o": _s(owner)}
+        expression = "REMOVE lease_owner, lease_until"
+        if queue is not None:
+            expression += " ADD queued :q"
+            values[":q"] = {"SS": [queue]}
+        removals = []
+        for name, ids, placeholder in (("queued", done, ":d"), ("announce", [_pair(a) for a in announced], ":a"),
+                                       ("pending_subs", served, ":p")):
+            if ids:
+                removals.append(f"{name} {placeholder}")
+                values[placeholder] = {"SS": sorted(set(ids))}
+        if removals:
+            expression += " DELETE " + ", ".join(removals)
+        attrs = await self._update(tenant_id, session_id, expression, values, "lease_owner = :o")
+        return None if attrs is None else _state(attrs, self._now_ms())
+
+    async def poll(self, tenant_id: str, session_id: str, *, consistent: bool = False) -> LeaseState:
+        # Eventually consistent by default (half the price): a signal seen one poll later is still
+        # acted on, and every decision that must be exact is a conditional write.
+        resp = await self.store.client.get_item(
+            TableName=self.store.table_name, Key=_key(_session_pk(tenant_id, session_id), "SESS"),
+            ProjectionExpression=_STATE, ConsistentRead=consistent)
+        return _state(resp.get("Item", {}), self._now_ms())
+
+    async def enqueue(self, tenant_id: str, session_id: str, turn_id: str, sender: str | None) -> None:
+        await self._update(tenant_id, session_id, "ADD queued :t, announce :a",
+                           {":t": {"SS": [turn_id]}, ":a": {"SS": [_pair((turn_id, sender or ""))]}},
+                           "attribute_exists(PK)")
+
+    async def owe_replay(self, tenant_id: str, session_id: str, connection_id: str) -> None:
+        await self._update(tenant_id, session_id, "ADD pending_subs :c", {":c": {"SS": [connection_id]}},
+                           "attribute_exists(PK)")
+
+    async def request_interrupt(self, tenant_id: str, session_id: str) -> int | None:
+        attrs = await self._update(tenant_id, session_id, "ADD interrupts :one",
+                                   {":one": _n(1), ":now": _n(self._now_ms())}, "lease_until >= :now")
+        return None if attrs is None else int(attrs["interrupts"]["N"])
+
+    async def ack_interrupt(self, tenant_id: str, session_id: str, owner: str, count: int) -> None:
+        await self._update(tenant_id, session_id, "SET interrupts_seen = :n", {":n": _n(count), ":o": _s(owner)},
+                           "lease_owner = :o")
+
+    async def get_turns(self, tenant_id: str, session_id: str, turn_ids: Collection[str]) -> list[Turn]:
+        if not turn_ids:
+            return []
+        pk = _session_pk(tenant_id, session_id)
+        items = await self.store._batch_get([_key(pk, f"TURN#{_k(t)}") for t in sorted(set(turn_ids))])
+        return sorted((_turn(i) for i in items), key=lambda t: (t.created_at, t.turn_id))
+
+
+def _strings(attrs: Mapping[str, Any], name: str) -> frozenset[str]:
+    value = attrs.get(name)
+    return frozenset(value["SS"]) if value else frozenset()
+
+
+_SEP = " "  # neither turn ids nor API Gateway connection ids contain a space
+
+
+def _pair(entry: tuple[str, str]) -> str:
+    return f"{entry[0]}{_SEP}{entry[1]}"
+
+
+def _pairs(attrs: Mapping[str, Any], name: str) -> frozenset[tuple[str, str]]:
+    out = set()
+    for value in _strings(attrs, name):
+        turn, _, sender = value.partition(_SEP)
+        out.add((turn, sender))
+    return frozenset(out)
+
+
+def _state(attrs: Mapping[str, Any], now_ms: int, *, first_seq: int = 0, last_seq: int = 0) -> LeaseState:
+    until = attrs.get("lease_until")
+    return LeaseState(first_seq=first_seq, last_seq=last_seq, queued=_strings(attrs, "queued"),
+                      announce=_pairs(attrs, "announce"), pending_subs=_strings(attrs, "pending_subs"),
+                      interrupts=int(attrs["interrupts"]["N"]) if "interrupts" in attrs else 0,
+                      interrupts_seen=int(attrs["interrupts_seen"]["N"]) if "interrupts_seen" in attrs else 0,
+                      held=until is not None and int(until["N"]) >= now_ms)
+
+
+if TYPE_CHECKING:
+    from agentvm.ports import SessionLeases
+
+    def _implements_leases(leases: DynamoDBLeases) -> SessionLeases:  # mypy checks the port's signatures
+        return leases

@@ -1,0 +1,1 @@
+"""Authentication: API keys (tokens, their salted hashes, and the authenticator the routes call)."""

@@ -1,0 +1,205 @@
+"""`chat_turn`: run a session's queued turns under its lease, then hand the session back.
+
+One invocation takes the lease (with a block of seqs), announces messages that were queued while
+the lease was taken, runs the queued turns one at a time with the same `TurnRunner` as `avm serve`,
+and releases the lease in the write that also removes the finished turns. That write returns what
+was added meanwhile; if anything is left the worker takes the lease again (release-then-recheck),
+so a message queued at any moment is run by someone.
+
+While a turn streams, a watcher reads the lease record every `poll_s` (an eventually consistent
+read of half a read unit, not a write: 40 a 10 s turn cost $0.0000025) for
+interrupt requests, newly queued messages and owed replays, renews the lease well before it
+expires, and stops the LLM stream when every subscriber has gone: the turn and its messages are
+still stored, only the tokens nobody would see are saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from agentvm.domain.models import Checkpoint, Image, LeaseState, Turn, TurnStatus
+from agentvm.engine.channel import SEQ_BLOCK, SessionChannel
+from agentvm.engine.history import SessionHistory
+from agentvm.engine.runner import TurnRunner
+from agentvm.ports import LeasedFanout, SessionLeases
+from agentvm.services.deps import Deps
+from agentvm.services.leased_sessions import LEASE_TTL_MS
+from agentvm.services.sessions import session_context
+from agentvm.services.user_turns import announce
+
+log = logging.getLogger(__name__)
+
+NO_LISTENERS = "no_listeners"
+
+
+@dataclass(slots=True)
+class _Run:
+    """What one lease tenure did, for the release that ends it."""
+
+    state: LeaseState
+    done: set[str] = field(default_factory=set)
+    announced: set[tuple[str, str]] = field(default_factory=set)
+    interrupts: int = 0
+    lost: bool = False
+
+
+class SessionWorker:
+    def __init__(self, deps: Deps, *, fanout: LeasedFanout, leases: SessionLeases, owner: str,
+                 poll_s: float = 0.25, renew_s: float = 20.0) -> None:
+        self.deps = deps
+        self.fanout = fanout
+        self.leases = leases
+        self.owner = owner
+        self.poll_s = poll_s
+        self.renew_s = renew_s
+
+    async def run(self, tenant_id: str, session_id: str) -> list[Turn]:
+        """Run every queued turn of the session; returns the turns this invocation ran."""
+        ran: list[Turn] = []
+        while True:
+            state = await self.leases.acquire(tenant_id, session_id, self.owner, LEASE_TTL_MS, SEQ_BLOCK)
+            if state is None:
+                return ran  # another invocation publishes; its release-then-recheck covers our work
+            run = _Run(state, interrupts=state.interrupts)
+            try:
+                ran += await self._tenure(tenant_id, session_id, run)
+            finally:
+                rest = await self._release(tenant_id, session_id, run)
+            if rest is None or not rest.has_work:
+                return ran
+
+    async def _tenure(self, tenant_id: str, session_id: str, run: _Run) -> list[Turn]:
+        store, state = self.deps.store, run.state
+        if state.pending_subs:
+            self.fanout.serve_pending(session_id)
+        turns = await self.leases.get_turns(tenant_id, session_id, state.queued)
+        run.done |= state.queued - {t.turn_id for t in turns}  # unknown ids: nothing to run
+        if not turns and not state.announce:
+            return []
+        session = await store.get_session(tenant_id, session_id)
+        if session is None:
+            run.done |= state.queued
+            run.announced |= state.announce
+            return []
+        image = await store.get_image(tenant_id, session.image_id)
+        if image is None:
+            run.done |= state.queued
+            run.announced |= state.announce
+            return []
+        agent = await store.get_agent_for_image(tenant_id, image.image_id)
+        channel = SessionChannel(store=store, fanout=self.fanout, tenant_id=tenant_id, session_id=session_id,
+                                 context=session_context(image, agent.agent_id if agent else None),
+                                 first_seq=state.first_seq, reserved_until=state.last_seq)
+        await self._announce(channel, state.announce, run)
+        ran: list[Turn] = []
+        for turn in turns:
+            if turn.status != TurnStatus.QUEUED:
+                run.done.add(turn.turn_id)  # finished by an invocation that died before its release
+                continue
+            if run.lost:
+                break
+            agent = await store.get_agent_for_image(tenant_id, image.image_id)
+            if agent is None:  # the agent was destroyed: its queued turns do not run
+                turn.status, turn.error_code = TurnStatus.INTERRUPTED, "agent_stopped"
+                turn.error_message = "The agent was stopped."
+                await store.commit(Checkpoint(tenant_id, session_id, turns=[turn]))
+                run.done.add(turn.turn_id)
+                continue
+            channel.context["agentId"] = agent.agent_id
+            await self._settle_interrupts(tenant_id, session_id, run)
+            # read afresh: messages queued by ws_default since the last turn are part of the context
+            history = SessionHistory(store, tenant_id, session_id)
+            await self._run_turn(turn, image, channel, history, run)
+            run.done.add(turn.turn_id)
+            ran.append(turn)
+        # events published outside a turn (announcements with nothing left to run)
+        leftover = channel.take_pending()
+        if leftover:
+            await store.commit(Checkpoint(tenant_id, session_id, events=leftover))
+        return ran
+
+    async def _run_turn(self, turn: Turn, image: Image, channel: SessionChannel, history: SessionHistory,
+                        run: _Run) -> None:
+        d = self.deps
+        runner = TurnRunner(store=d.store, driver=d.llm(), channel=channel, tools=d.tools, options=d.options,
+                            history=history)
+        watcher = asyncio.get_running_loop().create_task(self._watch(runner, turn, image, channel, run))
+        try:
+            await runner.run(turn, image)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch(self, runner: TurnRunner, turn: Turn, image: Image, channel: SessionChannel,
+                     run: _Run) -> None:
+        tenant_id, session_id = turn.tenant_id, turn.session_id
+        renewed = time.monotonic()
+        while True:
+            await asyncio.sleep(self.poll_s)
+            if time.monotonic() - renewed >= self.renew_s:
+                state = await self.leases.renew(tenant_id, session_id, self.owner, LEASE_TTL_MS)
+                renewed = time.monotonic()
+                if state is None:
+                    log.error("session lease lost mid-turn", extra={"session_id": session_id, "turn_id": turn.turn_id})
+                    run.lost = True
+                    runner.interrupt()
+                    return
+            else:
+                state = await self.leases.poll(tenant_id, session_id)
+            if state.interrupts > run.interrupts:
+                run.interrupts = state.interrupts
+                runner.interrupt()
+                channel.publish("interrupted", {"agentId": channel.context.get("agentId", ""),
+                                                "containerId": image.container_id})
+                await self.fanout.flushed()  # posted before the requester gets its response
+                await self.leases.ack_interrupt(tenant_id, session_id, self.owner, state.interrupts)
+            await self._announce(channel, state.announce - run.announced, run)
+            if state.pending_subs - self.fanout.served.get(session_id, set()):
+                self.fanout.serve_pending(session_id)
+            if self.fanout.listeners(session_id) == 0:
+                log.info("every subscriber left: stopping the LLM stream",
+                         extra={"session_id": session_id, "turn_id": turn.turn_id})
+                turn.error_code, turn.error_message = NO_LISTENERS, "Every client disconnected during the turn."
+                runner.interrupt()
+                return
+
+    async def _settle_interrupts(self, tenant_id: str, session_id: str, run: _Run) -> None:
+        """Interrupts requested between turns had nothing to interrupt: a no-op, as from `avm serve`,
+        not a reason to stop the next turn."""
+        state = await self.leases.poll(tenant_id, session_id, consistent=True)
+        if state.interrupts > run.interrupts:
+            run.interrupts = state.interrupts
+            await self.leases.ack_interrupt(tenant_id, session_id, self.owner, state.interrupts)
+
+    async def _announce(self, channel: SessionChannel, entries: frozenset[tuple[str, str]], run: _Run) -> None:
+        """Publish the user messages of turns queued while the lease was taken (so they waited behind
+        another turn: `conversation_queued` follows each, as from `avm serve`)."""
+        if not entries:
+            return
+        tenant_id, session_id = channel.tenant_id, channel.session_id
+        turns = {t.turn_id: t for t in await self.leases.get_turns(tenant_id, session_id,
+                                                                   {turn_id for turn_id, _ in entries})}
+        by_id = {m.message_id: m for m in await self.deps.store.list_messages(tenant_id, session_id)}
+        for entry in sorted(entries, key=lambda e: turns[e[0]].created_at if e[0] in turns else 0):
+            run.announced.add(entry)
+            turn = turns.get(entry[0])
+            message = by_id.get(turn.user_message_id) if turn else None
+            if message is None:
+                continue
+            announce(channel, message, sender=entry[1] or None)
+            channel.publish("conversation_queued", {"messageId": message.message_id})
+
+    async def _release(self, tenant_id: str, session_id: str, run: _Run) -> LeaseState | None:
+        if run.lost:
+            return None
+        state = run.state
+        self.fanout.serve_pending(session_id)
+        await self.fanout.drain()
+        served = state.pending_subs | self.fanout.served.get(session_id, set())
+        return await self.leases.release(tenant_id, session_id, self.owner, done=run.done,
+                                         announced=run.announced, served=served)
