@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import agentvm.services.session_worker  # noqa: F401 - loaded at init (and in the SnapStart snapshot)
 from agentvm.cloud.runtime import run, runtime
 
 log = logging.getLogger("agentvm.chat_turn")

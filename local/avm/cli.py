@@ -1,4 +1,4 @@
-"""`avm`: serve the emulator, chat with it."""
+"""`avm`: serve the emulator, chat with it, issue API keys for a cloud deployment."""
 
 from __future__ import annotations
 
@@ -82,15 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"avm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    from avm import chat
+    from avm import chat, keys
 
     chat.register(sub)
+    keys.register(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
             return _run(_serve, args)
         if args.command == "chat":
             return _run(chat.run_chat, args)
+        if args.command == "keys":
+            return _run(keys.run_keys, args)
     except KeyboardInterrupt:
         return 130
     except ValidationError as exc:

@@ -158,3 +158,27 @@ def test_chat_turn_drops_a_malformed_payload_without_raising(cloud: cloud_runtim
     assert handler({"tenantId": 1, "sessionId": ""}, None) == {"ran": 0, "error": "invalid_payload"}
     # a session that does not exist: nothing to run, nothing written
     assert handler({"tenantId": "t", "sessionId": "nope"}, None) == {"ran": 0}
+
+
+def test_avm_keys_create_issues_a_key_that_connect_accepts(cloud: cloud_runtime.CloudRuntime,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from avm.cli import main
+
+    assert main(["keys", "create", "--table", cloud.store.table_name, "--tenant", "acme", "--name", "ci"]) == 0
+    out = capsys.readouterr().out
+    token = out.split("token (shown once, keep it secret): ")[1].split()[0]
+    assert load_handler("ws_connect").handler(connect_event(token), None) == {"statusCode": 200}
+    conn = event("ws_connect")["requestContext"]["connectionId"]
+    record = cloud_runtime.run(cloud.registry.get_connection(conn))
+    assert record is not None and record.tenant_id == "acme"
+    [key] = cloud_runtime.run(DynamoDBKeys(cloud.store).list_keys("acme"))
+    assert key.name == "ci" and key.scopes == ("user",) and token not in repr(key)
+
+
+def test_avm_keys_create_names_a_missing_table(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from avm.cli import main
+
+    monkeypatch.delenv("AVM_TABLE_NAME", raising=False)
+    assert main(["keys", "create", "--tenant", "acme"]) == 2
+    assert "--table: required" in capsys.readouterr().err

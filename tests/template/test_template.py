@@ -192,6 +192,27 @@ def test_sam_validate_lint_passes() -> None:
     assert "is a valid SAM Template" in result.stdout
 
 
+def test_sam_build_ships_the_layer_for_arm64_precompiled(tmp_path: Path) -> None:
+    sam = _sam_cli()
+    if sam is None:
+        pytest.skip("SAM CLI venv not found (.venv-sam/bin/sam; `make sam-cli` builds it, AVM_SAM_CLI overrides)")
+    env = {**os.environ, "SAM_CLI_TELEMETRY": "0", "AWS_EC2_METADATA_DISABLED": "true"}
+    build = tmp_path / "build"
+    result = subprocess.run([str(sam), "build", "--template", str(TEMPLATE), "--build-dir", str(build)], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, f"sam build failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    layer = build / "AgentVMLayer" / "python"
+    modules = sorted(p.relative_to(layer) for p in (layer / "agentvm").rglob("*.py"))
+    assert len(modules) > 50
+    for module in modules:  # every module precompiled for the Lambda runtime's Python
+        pyc = layer / module.parent / "__pycache__" / f"{module.stem}.cpython-312.pyc"
+        assert pyc.is_file(), f"{module} ships without bytecode"
+    assert list((layer / "pydantic_core").glob("*.cpython-312-aarch64-linux-gnu.so")), "not built for arm64"
+    assert not (layer / "anthropic").exists() and not (layer / "aioboto3").exists()
+    for resource in FUNCTIONS:
+        assert (build / resource / "handler.py").is_file()
+
+
 # ------------------------------------------------------------------------------------------ state
 
 def test_table_matches_table_definition() -> None:
@@ -357,7 +378,9 @@ def test_environment_of_every_function() -> None:
 def test_layer_is_built_from_shared_for_arm64() -> None:
     layer = _resource("AgentVMLayer")
     assert layer["Type"] == "AWS::Serverless::LayerVersion"
-    assert layer["Metadata"] == {"BuildMethod": "python3.12", "BuildArchitecture": "arm64"}
+    # shared/Makefile: SAM's python builder plus precompiled bytecode
+    assert layer["Metadata"] == {"BuildMethod": "makefile", "BuildArchitecture": "arm64"}
+    assert "build-AgentVMLayer:" in (ROOT / "shared" / "Makefile").read_text(encoding="utf-8")
     props = layer["Properties"]
     assert props["ContentUri"].rstrip("/") == "shared"
     assert props["CompatibleRuntimes"] == ["python3.12"]

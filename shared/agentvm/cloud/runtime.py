@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentvm.adapters.aws.apigw_gateway import MAX_FRAME_BYTES, ApiGatewayGateway
 from agentvm.adapters.aws.aws_env import SecretValues
@@ -29,17 +29,17 @@ from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.frame_offload import S3FrameOffload
 from agentvm.adapters.aws.lambda_dispatcher import LambdaDispatcher
 from agentvm.adapters.aws.s3_blobs import S3BlobStore
-from agentvm.api.ws_router import CommandRouter
 from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
 from agentvm.domain.models import LoggedEvent
 from agentvm.engine.runner import EngineOptions
 from agentvm.errors import InvalidRequest
 from agentvm.ports import Driver
-from agentvm.services.bundle import Services
 from agentvm.services.deps import Deps
-from agentvm.services.leased_sessions import LeasedSessions
-from agentvm.services.session_worker import SessionWorker
+
+if TYPE_CHECKING:
+    from agentvm.api.ws_router import CommandRouter
+    from agentvm.services.session_worker import SessionWorker
 
 T = TypeVar("T")
 
@@ -155,12 +155,20 @@ class CloudRuntime:
         return Invocation(owner, fanout, Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver)))
 
     def router(self, invocation: Invocation) -> CommandRouter:
-        """`ws_default`: the AgentX command router over the services, sessions hosted by lease."""
+        """`ws_default`: the AgentX command router over the services, sessions hosted by lease.
+        (Imported here: `$connect`/`$disconnect` never load the protocol models and services;
+        `ws_default` imports the router module at init.)"""
+        from agentvm.api.ws_router import CommandRouter
+        from agentvm.services.bundle import Services
+        from agentvm.services.leased_sessions import LeasedSessions
+
         sessions = LeasedSessions(invocation.deps, fanout=invocation.fanout, leases=self.leases,
                                   dispatcher=self.dispatcher, owner=invocation.owner)
         return CommandRouter(Services(invocation.deps, sessions), invocation.fanout)
 
     def worker(self, invocation: Invocation) -> SessionWorker:
+        from agentvm.services.session_worker import SessionWorker
+
         return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner)
 
 
