@@ -53,6 +53,7 @@ async def test_reconnect_with_after_seq_gets_exactly_the_missed_events(server: S
             # afterSeq sends nothing again
             n = len(b.events)
             await b.send_raw({"type": "subscribe", "sessionId": image["sessionId"], "afterSeq": 0})
+            await server.settle()  # the subscribe is handled (in the cloud: its own invocation)
             await b.request("container_list_request")
             assert b.types(n) == ["container_list_response"]
         finally:

@@ -118,7 +118,7 @@ async def test_a_subscriber_arriving_mid_stream_gets_what_it_missed_once_in_orde
     assert gw.frames("a") == [10, 11, 12, 13, 14]
     assert gw.frames("b") == [3, 4, 10, 11, 12, 13, 14]
     assert gw.frames("c") == [12, 13, 14]
-    assert reg.subs[("t1", "s1")]["b"] == Subscription("b", 2, 4, False)
+    assert reg.subs[("t1", "s1")]["b"] == Subscription("b", 2, 4, False, since_seq=4)
 
 
 async def test_subscribe_with_after_seq_replays_and_records_how_far() -> None:
@@ -133,5 +133,38 @@ async def test_subscribe_with_after_seq_replays_and_records_how_far() -> None:
     fan.to_session("s1", 8, ev(8))
     await fan.drain()
     assert gw.frames("a") == [6, 7, 8]
-    assert reg.subs[("t1", "s1")]["a"] == Subscription("a", after_seq=5, replayed_seq=7)
+    assert reg.subs[("t1", "s1")]["a"] == Subscription("a", after_seq=5, replayed_seq=7, since_seq=7)
     assert await reg.watchers("t1", "user-1") == ["a"]
+
+
+async def test_a_live_connection_is_a_cursor_across_invocations() -> None:
+    """What a connection received (live since its subscription began, or replayed) is not sent again
+    when it subscribes once more with an older afterSeq, as from `avm serve`."""
+    gw, reg = FakeGateway(), MemoryRegistry()
+    log = [LoggedEvent(s, "x", ev(s), 0) for s in range(1, 7)]
+    head = 3
+
+    async def heads(session_id: str) -> int:
+        return head
+
+    async def source(after_seq: int) -> list[LoggedEvent]:
+        return [e for e in log if head >= e.seq > after_seq]
+
+    first = CloudFanout(gateway=gw, registry=reg, tenant_id="t1", head_source=heads)
+    first.attach("live", "s1", "c1")  # subscribed when the log's head was 3
+    first.attach("idle", "s1", "c1")
+    await first.drain()
+    assert reg.subs[("t1", "s1")]["live"] == Subscription("live", since_seq=3)
+    # no event since `idle` subscribed: a re-subscribe from 0 replays the whole log
+    again = CloudFanout(gateway=gw, registry=reg, tenant_id="t1", head_source=heads)
+    await again.subscribe("idle", "s1", "c1", 0, source)
+    await again.drain()
+    assert gw.frames("idle") == [1, 2, 3]
+    # seqs 4..6 were then delivered live to both; a later subscribe from 0 sends nothing again
+    head = 6
+    later = CloudFanout(gateway=gw, registry=reg, tenant_id="t1", head_source=heads)
+    await later.subscribe("live", "s1", "c1", 0, source)
+    await later.subscribe("idle", "s1", "c1", 2, source)
+    await later.drain()
+    assert gw.frames("live") == [] and gw.frames("idle") == [1, 2, 3]
+    assert reg.subs[("t1", "s1")]["live"] == Subscription("live", after_seq=0, replayed_seq=6, since_seq=6)

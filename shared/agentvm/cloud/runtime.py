@@ -150,8 +150,12 @@ class CloudRuntime:
         async def replay(session_id: str, after_seq: int) -> list[LoggedEvent]:
             return await store.read_events(tenant_id, session_id, after_seq)
 
+        async def head(session_id: str) -> int:
+            return await store.last_seq(tenant_id, session_id)
+
         owner = f"{role}:{uuid.uuid4().hex}"
-        fanout = CloudFanout(gateway=self.gateway, registry=self.registry, tenant_id=tenant_id, replay_source=replay)
+        fanout = CloudFanout(gateway=self.gateway, registry=self.registry, tenant_id=tenant_id, replay_source=replay,
+                             head_source=head)
         return Invocation(owner, fanout, Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver)))
 
     def router(self, invocation: Invocation) -> CommandRouter:

@@ -204,9 +204,11 @@ class LeaseState:
 @dataclass(frozen=True, slots=True)
 class Subscription:
     """A connection's subscription to a session. `replayed_seq`: the highest seq already sent to it
-    from the stored log; `pending`: its `afterSeq` replay is still owed by the session's lease holder."""
+    from the stored log; `pending`: its `afterSeq` replay is still owed by the session's lease holder;
+    `since_seq`: the log's head when it began (live events above it were delivered to it)."""
 
     connection_id: str
     after_seq: int = 0
     replayed_seq: int = 0
     pending: bool = False
+    since_seq: int = 0

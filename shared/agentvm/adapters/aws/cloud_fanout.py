@@ -26,6 +26,7 @@ from agentvm.ports import ConnectionRegistry, EventSource, Gateway
 log = logging.getLogger(__name__)
 
 ReplaySource = Callable[[str, int], Awaitable[list[LoggedEvent]]]
+HeadSource = Callable[[str], Awaitable[int]]  # a session's newest logged seq
 
 
 @dataclass(slots=True)
@@ -40,12 +41,14 @@ class _Peer:
 
 class CloudFanout:
     def __init__(self, *, gateway: Gateway, registry: ConnectionRegistry, tenant_id: str,
-                 refresh_s: float = 1.0, replay_source: ReplaySource | None = None) -> None:
+                 refresh_s: float = 1.0, replay_source: ReplaySource | None = None,
+                 head_source: HeadSource | None = None) -> None:
         self.gateway = gateway
         self.registry = registry
         self.tenant_id = tenant_id
         self.refresh_s = refresh_s
         self.replay_source = replay_source
+        self.head_source = head_source
         self._ops: asyncio.Queue[tuple[str, tuple[object, ...]]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._peers: dict[str, _Peer] = {}
@@ -92,26 +95,47 @@ class CloudFanout:
         self._remember(session_id, sub)
         self._op("mark", connection_id, session_id)
         if session_id not in self._known_sessions.get(connection_id, frozenset()):
-            self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
+            self._write(self._record_live(session_id, connection_id))
+
+    async def _record_live(self, session_id: str, connection_id: str) -> None:
+        since = await self.head_source(session_id) if self.head_source is not None else 0
+        await self.registry.put_subscription(self.tenant_id, session_id, Subscription(connection_id, since_seq=since))
 
     async def subscribe(self, connection_id: str, session_id: str, container_id: str, after_seq: int | None,
                         source: EventSource) -> None:
         """Replay the stored log above `after_seq` (the caller holds the session lease, so the log is
-        complete), then record how far the replay went."""
+        complete), then record how far the replay went.
+
+        A connection that is already subscribed is a cursor, as from `avm serve`: what it has
+        received (replayed, or delivered live since its subscription began) is not sent again."""
         self.watch(connection_id, container_id)
         if after_seq is None:
             self.attach(connection_id, session_id, container_id)
             return
-        events = await source(after_seq)
-        last = after_seq
+        head = await self.head_source(session_id) if self.head_source is not None else 0
+        floor = max(after_seq, await self._received(session_id, connection_id, head))
+        events = await source(floor)
+        last = floor
         for e in events:
             if e.seq > last:
                 self.to_connection(connection_id, e.payload)
                 last = e.seq
-        sub = Subscription(connection_id, after_seq=after_seq, replayed_seq=last)
+        sub = Subscription(connection_id, after_seq=after_seq, replayed_seq=last, since_seq=max(head, last))
         self._remember(session_id, sub)
         self._op("mark", connection_id, session_id, last)
         self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
+
+    async def _received(self, session_id: str, connection_id: str, head: int) -> int:
+        """The highest seq this connection has already been sent on the session (0: none)."""
+        known = self._local.get(session_id, {}).get(connection_id)
+        if known is None:
+            found = [s for s in await self.registry.subscribers(self.tenant_id, session_id)
+                     if s.connection_id == connection_id]
+            known = found[0] if found else None
+        if known is None:
+            return 0
+        live = head if head > known.since_seq else 0
+        return max(known.replayed_seq, live, self._peer(connection_id).sent.get(session_id, 0))
 
     def owe_replay(self, connection_id: str, session_id: str, container_id: str, after_seq: int) -> None:
         """The session's lease is taken: the holder will replay above `after_seq` (see `serve_pending`)."""
@@ -266,7 +290,7 @@ class CloudFanout:
                     self._send(sub.connection_id, e.payload)
                     floor = e.seq
             self._write(self.registry.put_subscription(
-                self.tenant_id, session_id, Subscription(sub.connection_id, sub.after_seq, floor, False)))
+                self.tenant_id, session_id, Subscription(sub.connection_id, sub.after_seq, floor, False, floor)))
             self.served.setdefault(session_id, set()).add(sub.connection_id)
         for seq, payload in mine:
             if floor < seq < current_seq:

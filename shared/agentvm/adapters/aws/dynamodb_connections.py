@@ -82,7 +82,7 @@ class DynamoDBConnections:
         await self._put_all([
             {"PK": _s(f"SUBS#{scope}"), "SK": _s(f"CONN#{conn}"), "connection_id": _s(sub.connection_id),
              "after_seq": _n(sub.after_seq), "replayed_seq": _n(sub.replayed_seq),
-             "pending": {"BOOL": sub.pending}, TTL_ATTRIBUTE: expires},
+             "pending": {"BOOL": sub.pending}, "since_seq": _n(sub.since_seq), TTL_ATTRIBUTE: expires},
             {"PK": _s(f"WSCONN#{conn}"), "SK": _s(f"SUB#{scope}"), "session_id": _s(session_id),
              TTL_ATTRIBUTE: expires},
         ])
@@ -90,7 +90,8 @@ class DynamoDBConnections:
     async def subscribers(self, tenant_id: str, session_id: str) -> list[Subscription]:
         items = await self._query(f"SUBS#{_k(tenant_id)}#{_k(session_id)}")
         return [Subscription(i["connection_id"]["S"], int(i["after_seq"]["N"]), int(i["replayed_seq"]["N"]),
-                             bool(i["pending"]["BOOL"])) for i in items]
+                             bool(i["pending"]["BOOL"]), int(i["since_seq"]["N"]) if "since_seq" in i else 0)
+                for i in items]
 
     async def watch(self, tenant_id: str, container_id: str, connection_id: str) -> None:
         scope = f"WATCH#{_k(tenant_id)}#{_k(container_id)}"
