@@ -32,7 +32,7 @@ typecheck: $(DEV_STAMP)
 	@# each Lambda handler is its own top-level module `handler`: checked one at a time
 	@for f in functions/*/handler.py; do $(BIN)/mypy $$f || exit 1; done
 
-unit: $(DEV_STAMP) sam-cli
+unit: $(DEV_STAMP) sam-cli bubblewrap
 	$(BIN)/pytest -q
 
 test: lint typecheck unit  ## install dev dependencies, lint, type-check and run the whole suite
@@ -88,3 +88,15 @@ template: $(DEV_STAMP) sam-cli  ## only the template tests (cfn-lint, sam valida
 
 clean-sam:
 	rm -rf $(SAM_VENV) .aws-sam
+
+# --- bubblewrap (the tool sandbox: agentvm/adapters/local/local_process.py) ----------------------
+# Best effort, like sam-cli: `make test` still runs (tests/sandbox then skips the bubblewrap checks
+# with the reason). Installs only as root with apt; `avm serve` works without it (with a warning).
+.PHONY: bubblewrap
+
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && \
+		    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
+		echo "bubblewrap could not be installed (not root, no apt or no network?): tests/sandbox will skip its bwrap checks"

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from starlette.websockets import WebSocket
 
 from agentvm import __version__
+from agentvm.adapters.local.local_process import LocalProcessRunner
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
 from agentvm.adapters.local.ws_hub import LocalHub
@@ -25,10 +26,12 @@ from agentvm.drivers.scripted import ScriptedDriver
 from agentvm.engine.runner import EngineOptions
 from agentvm.ids import now_ms
 from agentvm.ports import Driver
+from agentvm.sandbox.limits import Limits
 from agentvm.services.bundle import Services
 from agentvm.services.deps import Deps
 from agentvm.services.recovery import recover_unfinished_turns
 from agentvm.services.sessions import SessionRegistry
+from agentvm.tools.provider import WorkspaceTools
 
 log = logging.getLogger("agentvm.serve")
 
@@ -78,7 +81,9 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     options = EngineOptions(default_model=default_model, max_tokens=settings.llm_max_tokens,
                             flush_ms=settings.stream_flush_ms, max_flush_ms=settings.stream_max_flush_ms,
                             max_iterations=settings.max_tool_iterations)
-    deps = Deps(store=store, fanout=hub, driver=drv, options=options)
+    tools = WorkspaceTools(settings.data_dir, LocalProcessRunner, limits=Limits(timeout_s=settings.tool_timeout_s),
+                           preview_bytes=settings.tool_preview_bytes)
+    deps = Deps(store=store, fanout=hub, driver=drv, options=options, tools=tools)
     sessions = SessionRegistry(deps)
     services = Services(deps, sessions)
     router = CommandRouter(services, hub)

@@ -26,7 +26,7 @@ class Settings(BaseSettings):
         None, validation_alias=AliasChoices("LLM_API_KEY", "AVM_LLM_API_KEY", "ANTHROPIC_API_KEY"),
         description="Anthropic API key; without one the offline scripted driver is used.")
     llm_base_url: str | None = Field(None, description="Override of the Anthropic API base URL.")
-    llm_model: str = Field("claude-sonnet-4-5", description="Model for images that do not name one.")
+    llm_model: str = Field("claude-sonnet-4-6", description="Model for images that do not name one.")
     llm_max_tokens: int = Field(4096, ge=1, le=200_000, description="max_tokens for each LLM call.")
     llm_timeout_s: float = Field(600.0, gt=0, description="Timeout of one LLM call.")
     llm_max_retries: int = Field(2, ge=0, le=10,
@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     auth_timeout_s: float = Field(5.0, gt=0, description="Deadline for a first `auth` frame when required.")
     event_retention_hours: int = Field(48, ge=24, description="How long the session event log is kept.")
     max_tool_iterations: int = Field(25, ge=1, description="LLM calls allowed in one turn.")
+    tool_timeout_s: float = Field(30.0, gt=0, le=3600, description=(
+        "Run time limit of one tool call; then its whole process group is killed."))
+    tool_preview_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20, description=(
+        "Tool output given to the model; the rest is kept in the workspace's output/ with a note."))
     log_level: str = Field("INFO", description="Log level of the structured stderr log.")
     reliable_wrapper: bool = Field(True, description=(
         "Wrap frames as {__msgId, __payload} and accept ACKs. Off in the cloud: every ACK would be a billed "

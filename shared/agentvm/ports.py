@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Collection
-from typing import Protocol
+from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from agentvm.auth.api_keys import ApiKey
 from agentvm.domain.models import (
@@ -11,6 +11,7 @@ from agentvm.domain.models import (
     Checkpoint,
     ConnectionRecord,
     Container,
+    FileInfo,
     Image,
     LeaseState,
     LoggedEvent,
@@ -20,6 +21,9 @@ from agentvm.domain.models import (
     Turn,
 )
 from agentvm.drivers.base import DriverEvent, LLMRequest
+
+if TYPE_CHECKING:  # types only: importing ports does not load the sandbox package (and no import cycle)
+    from agentvm.sandbox.limits import Limits, ProcessResult
 
 
 class Store(Protocol):
@@ -247,4 +251,47 @@ class KeyStore(Protocol):
 
     async def revoke_key(self, tenant_id: str, key_id: str, at_ms: int) -> bool:
         """Mark the key revoked (a second revocation keeps the first time); False when absent."""
+        ...
+
+
+class FileSystem(Protocol):
+    """Files confined to a root; every path is relative (POSIX). Escapes raise InvalidRequest(field="path").
+
+    Paths are normalised lexically first (`a/./b/../c` is `a/c`); a symlink is followed only while it
+    stays inside the root. A missing path raises NotFound(field="path") (`stat` returns None and
+    `remove` False instead)."""
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """The file's content, or its first `max_bytes` bytes."""
+        ...
+
+    async def write_bytes(self, path: str, data: bytes) -> int:
+        """Create or replace the file, creating parent dirs; returns the bytes written."""
+        ...
+
+    async def list(self, path: str = ".", *, recursive: bool = False, limit: int = 1000) -> list[FileInfo]:
+        """The directory's entries (sorted by name; recursive: depth first, symlinked dirs not entered),
+        at most `limit` of them. Each `path` is relative to the root, not to `path`."""
+        ...
+
+    async def stat(self, path: str) -> FileInfo | None:
+        """The entry itself (a symlink is reported as one), or None when it does not exist."""
+        ...
+
+    async def mkdir(self, path: str) -> None:
+        """Create the directory and its parents; an existing directory is fine."""
+        ...
+
+    async def remove(self, path: str) -> bool:
+        """Remove a file, a symlink (not its target) or a directory tree; False when absent."""
+        ...
+
+
+class ProcessRunner(Protocol):
+    """Runs a command confined to a root directory, with limits (the `Process` port)."""
+
+    async def run(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], limits: Limits,
+                  stdin: bytes | None = None) -> ProcessResult:
+        """Run `argv` with exactly `env` in `cwd` (relative to the runner's root) until it exits,
+        is killed or reaches a limit; never raises for what the process does."""
         ...

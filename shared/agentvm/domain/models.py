@@ -212,3 +212,13 @@ class Subscription:
     replayed_seq: int = 0
     pending: bool = False
     since_seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One entry of a confined file system (a workspace)."""
+
+    path: str  # relative POSIX path inside the root
+    kind: str  # "file" | "dir" | "symlink" | "other"
+    size: int
+    modified_ms: int

@@ -3,9 +3,12 @@ which the model sees and can recover from."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentvm.drivers.base import ToolOutcome
+
+if TYPE_CHECKING:
+    from agentvm.domain.models import Image
 
 JSON = dict[str, Any]
 
@@ -26,3 +29,16 @@ class NoTools:
 
     async def run(self, name: str, input_: JSON) -> ToolOutcome:
         return ToolOutcome(f"Tool '{name}' is not available to this agent.", is_error=True)
+
+
+class ToolProvider(Protocol):
+    """The tools of a turn, from its image's config (the tool set and the container's workspace)."""
+
+    async def for_image(self, image: Image) -> ToolRunner: ...
+
+
+class NoToolProvider:
+    """A runtime that runs no tools (yet): every image gets `NoTools`."""
+
+    async def for_image(self, image: Image) -> ToolRunner:
+        return NoTools()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, field_validator
 
@@ -14,6 +14,7 @@ ContainerIdStr = Annotated[str, StringConstraints(min_length=1, max_length=128,
 IdStr = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 NameStr = Annotated[str, StringConstraints(max_length=200)]
 PromptStr = Annotated[str, StringConstraints(max_length=200_000)]
+BuiltinToolName = Literal["bash", "read_file", "write_file", "edit_file", "list_files"]
 
 
 # ---- request data ----------------------------------------------------------------------------
@@ -50,6 +51,15 @@ class ImageConfig(InboundModel):
     mcp_servers: dict[str, McpServerConfig] | None = None
     model: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=200_000)] | None = None
+    # built-in tools the agent may call (AgentVM extension); none by default
+    tools: Annotated[list[BuiltinToolName], Field(max_length=16)] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _unique(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("each tool may be listed once")
+        return v
 
 
 class ImageCreateRequest(RequestData):

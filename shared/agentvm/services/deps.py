@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agentvm.engine.runner import EngineOptions
-from agentvm.engine.tools import NoTools, ToolRunner
+from agentvm.engine.tools import NoToolProvider, ToolProvider
 from agentvm.ports import Driver, Fanout, Store
 
 
@@ -16,7 +16,7 @@ class Deps:
     # None where no turn runs (the cloud's `ws_default`: the driver and its key stay unloaded)
     driver: Driver | None
     options: EngineOptions
-    tools: ToolRunner = field(default_factory=NoTools)
+    tools: ToolProvider = field(default_factory=NoToolProvider)
 
     def llm(self) -> Driver:
         if self.driver is None:

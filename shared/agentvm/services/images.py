@@ -46,6 +46,8 @@ class ImageService:
             snapshot["model"] = config.model
         if config.max_tokens:
             snapshot["maxTokens"] = config.max_tokens
+        if config.tools:
+            snapshot["tools"] = list(config.tools)
         if config.mcp_servers:
             snapshot["mcpServers"] = {k: v.model_dump(exclude_none=True) for k, v in config.mcp_servers.items()}
         image = Image(p.tenant_id, image_id(), container_id, session_id(), config.name or DEFAULT_IMAGE_NAME,

@@ -88,9 +88,10 @@ class SessionActor:
         while self._queue:
             turn = self._queue.popleft()
             d = self.deps
-            self._runner = TurnRunner(store=d.store, driver=d.llm(), channel=self.channel, tools=d.tools,
-                                      options=d.options, history=self.history)
             try:
+                tools = await d.tools.for_image(self.image)
+                self._runner = TurnRunner(store=d.store, driver=d.llm(), channel=self.channel, tools=tools,
+                                          options=d.options, history=self.history)
                 await self._runner.run(turn, self.image)
             except asyncio.CancelledError:
                 raise

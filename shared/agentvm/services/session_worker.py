@@ -125,8 +125,8 @@ class SessionWorker:
     async def _run_turn(self, turn: Turn, image: Image, channel: SessionChannel, history: SessionHistory,
                         run: _Run) -> None:
         d = self.deps
-        runner = TurnRunner(store=d.store, driver=d.llm(), channel=channel, tools=d.tools, options=d.options,
-                            history=history)
+        runner = TurnRunner(store=d.store, driver=d.llm(), channel=channel, tools=await d.tools.for_image(image),
+                            options=d.options, history=history)
         watcher = asyncio.get_running_loop().create_task(self._watch(runner, turn, image, channel, run))
         try:
             await runner.run(turn, image)

@@ -1,0 +1,670 @@
+"""The Process port on this machine: a subprocess with limits, a scrubbed env and a wall-clock timeout,
+inside bubblewrap when bubblewrap works here.
+
+What stands between a tool and the host, in layers (each used when this machine offers it):
+
+* **Always**: exactly the env it is given (`tool_env`: nothing of the server's), its own session and
+  process group (killed as a whole at the timeout and when the command exits, so background children
+  do not outlive the call), a cwd confined to the root, rlimits (CPU seconds, address space, file
+  size, no core dumps), stdout/stderr kept up to `output_bytes` and the process killed once it has
+  written `output_kill_at` bytes.
+* **Server running as root**: the tool runs as an unprivileged uid (`run_as`; by default the owner
+  of the workspace root, or nobody 65534 when root owns it, which is then handed to that uid) with
+  no capabilities, no supplementary groups and `no_new_privs` (setuid binaries do not elevate).
+  With a 0o700 workspace, it then cannot read `/root`, the server's config and credentials, the
+  server's `/proc/<pid>/environ`, or another workspace owned by another uid.
+* **Processes** (fork bombs): a per-call `pids` cgroup (`pids.max`) when a writable cgroup v1 `pids`
+  hierarchy or cgroup v2 with the pids controller is available; its members are also killed at the
+  end, even the ones that left the process group. Otherwise RLIMIT_NPROC, which counts every process
+  of the uid (so all the concurrent calls of one `run_as` uid share it), and which does not apply to
+  root: as root without a cgroup, only the uid drop makes it work.
+* **bubblewrap** (`isolation="auto"` when it is installed and works, probed once): the tool sees only
+  /usr (and the /bin, /lib… links), a few files of /etc, its workspace (read-write, at the same
+  path), a private /tmp, its own /proc and a minimal /dev; no network, its own pid/ipc/uts namespaces;
+  it dies with the server. As root, bubblewrap itself runs as root (no user namespace) and drops to
+  `run_as` with setpriv inside.
+
+Without bubblewrap, a tool can read whatever its uid can: world-readable host files (/etc, /usr,
+/home/* when so permitted, /tmp), and it has the host's network; a process that calls `setsid`
+escapes the process-group kill unless a cgroup holds it. Server not running as root and no
+bubblewrap: tools run as the server's own user and can read what it can (its config, every
+workspace); only the scrubbed env, the limits and the workspace FileSystem's confinement remain.
+`no_new_privs` needs util-linux's setpriv (the `preexec_fn` launcher cannot set it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import posixpath
+import re
+import resource
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from agentvm.errors import AgentVMError, InvalidRequest
+from agentvm.sandbox.limits import Limits, ProcessResult
+
+log = logging.getLogger(__name__)
+
+Isolation = Literal["auto", "bwrap", "none"]
+Launcher = Literal["auto", "exec", "preexec"]
+
+DEFAULT_RUN_AS = (65534, 65534)  # nobody:nogroup
+_READ_CHUNK = 64 << 10
+_DRAIN_S = 1.0  # after the command ends: how long its pipes may stay open (a process that escaped)
+_REAP_S = 5.0  # how long a SIGKILLed process may take to be reaped
+_CG_JOIN = 'echo $$ > "$0" && exec "$@"'  # sh -c: move this shell into a cgroup, then become the command
+# /etc entries a sandboxed tool gets (read-only, when present): users, the dynamic linker, time zone,
+# Debian's alternatives (awk, editor…), TLS roots. Not the rest: it may hold host secrets.
+_ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives",
+        "ssl", "ca-certificates", "ca-certificates.conf", "mime.types", "protocols", "services", "hosts",
+        "os-release", "debian_version", "gitconfig")
+_CPU_SIG: dict[int, str] = {signal.SIGXCPU.value: "cpu", signal.SIGXFSZ.value: "file_size"}
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _spawn_background(coro: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+# -- cgroups -----------------------------------------------------------------------------------------
+
+
+class PidsCgroups:
+    """Per-call `pids` cgroups under a directory this process may write (cgroup v1 or v2)."""
+
+    def __init__(self, parent: Path, *, v2: bool) -> None:
+        self.parent = parent
+        self.v2 = v2
+
+    @classmethod
+    def find(cls) -> PidsCgroups | None:
+        """The pids cgroup parent for tool calls (created under our own cgroup), or None."""
+        try:
+            own = Path("/proc/self/cgroup").read_text().splitlines()
+            mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        except OSError:
+            return None
+        for line in own:
+            hid, controllers, path = line.split(":", 2)
+            v2 = hid == "0" and controllers == ""
+            if not v2 and "pids" not in controllers.split(","):
+                continue
+            base = _cgroup_dir(mounts, path, v2=v2)
+            if base is None:
+                continue
+            found = cls._prepare(base, v2=v2)
+            if found is not None:
+                return found
+        return None
+
+    @classmethod
+    def _prepare(cls, base: Path, *, v2: bool) -> PidsCgroups | None:
+        parent = base / "agentvm-tools"
+        try:
+            if v2:
+                controls = (base / "cgroup.subtree_control").read_text().split()
+                if "pids" not in controls:
+                    (base / "cgroup.subtree_control").write_text("+pids")
+            parent.mkdir(exist_ok=True)
+            if v2 and "pids" not in (parent / "cgroup.subtree_control").read_text().split():
+                (parent / "cgroup.subtree_control").write_text("+pids")
+            found = cls(parent, v2=v2)
+            for stale in parent.glob("call-*"):  # left by a server that died
+                with contextlib.suppress(OSError):
+                    stale.rmdir()
+            probe = found.create(8)
+            found.remove_now(probe)
+            return found
+        except OSError:
+            return None
+
+    def create(self, max_pids: int) -> Path:
+        path = self.parent / f"call-{os.getpid()}-{secrets.token_hex(6)}"
+        path.mkdir()
+        try:
+            (path / "pids.max").write_text(str(max_pids))
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            raise
+        return path
+
+    def kill_all(self, path: Path) -> None:
+        """SIGKILL every process in the cgroup, including those forked while killing."""
+        kill = path / "cgroup.kill"
+        if self.v2 and kill.exists():
+            with contextlib.suppress(OSError):
+                kill.write_text("1")
+                return
+        for _ in range(100):
+            try:
+                pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+            except OSError:
+                return
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+    @staticmethod
+    def remove_now(path: Path) -> bool:
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
+    async def remove(self, path: Path) -> None:
+        """Remove the cgroup once its killed processes are gone."""
+        delay = 0.01
+        deadline = time.monotonic() + 10
+        while not self.remove_now(path):
+            if time.monotonic() > deadline:
+                log.warning("tool cgroup not removable", extra={"cgroup": str(path)})
+                return
+            self.kill_all(path)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def _cgroup_dir(mounts: list[str], path: str, *, v2: bool) -> Path | None:
+    """The directory of our cgroup `path` in the hierarchy mounted on this host (from mountinfo)."""
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 5 or len(rfields) < 3:
+            continue
+        fstype, options = rfields[0], rfields[2].split(",")
+        if (v2 and fstype != "cgroup2") or (not v2 and (fstype != "cgroup" or "pids" not in options)):
+            continue
+        root, mount_point = fields[3], fields[4]
+        rel = path
+        if root != "/":
+            if not (path == root or path.startswith(root + "/")):
+                continue
+            rel = path[len(root):]
+        return Path(mount_point + rel.rstrip("/")) if rel not in ("", "/") else Path(mount_point)
+    return None
+
+
+# -- what this host offers (probed once per server process) -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    privileged: bool  # the server runs as root: tools are dropped to an unprivileged uid
+    prlimit: str | None
+    setpriv: str | None
+    sh: str
+    bwrap: str | None  # a bwrap that works here, as this runner would use it
+    bwrap_problem: str | None  # why not, when it is not usable
+    cgroups: PidsCgroups | None
+
+    @property
+    def exec_launcher(self) -> bool:
+        """util-linux's prlimit and setpriv set the limits and drop the uid in an exec chain; without
+        them the child does it in a `preexec_fn` (macOS, busybox systems)."""
+        return self.prlimit is not None and (self.setpriv is not None or not self.privileged)
+
+
+_host: Host | None = None
+_host_lock = threading.Lock()
+_warned = False  # the one "no bubblewrap" warning
+_warned_roots: set[Path] = set()  # workspaces warned about (a runner is made per turn)
+
+
+def probe_host(*, refresh: bool = False) -> Host:
+    """What this machine offers, probed once (blocking: call it in a worker thread)."""
+    global _host
+    with _host_lock:
+        if _host is None or refresh:
+            _host = _probe()
+        return _host
+
+
+def _probe() -> Host:
+    privileged = os.geteuid() == 0
+    prlimit, setpriv = shutil.which("prlimit"), shutil.which("setpriv")
+    sh = shutil.which("sh") or "/bin/sh"
+    cgroups = PidsCgroups.find() if sys.platform.startswith("linux") else None
+    bwrap = shutil.which("bwrap")
+    problem = None
+    if bwrap is None:
+        problem = "bwrap is not installed"
+    elif privileged and setpriv is None:
+        problem = "setpriv (util-linux) is missing, needed to leave root inside bwrap"
+        bwrap = None
+    else:
+        problem = _probe_bwrap(bwrap, privileged, setpriv)
+        if problem is not None:
+            bwrap = None
+    return Host(privileged=privileged, prlimit=prlimit, setpriv=setpriv, sh=sh, bwrap=bwrap,
+                bwrap_problem=problem, cgroups=cgroups)
+
+
+def _probe_bwrap(bwrap: str, privileged: bool, setpriv: str | None) -> str | None:
+    """None when bwrap runs `true` the way run() would use it, else the reason it does not."""
+    with tempfile.TemporaryDirectory(prefix="avm-bwrap-probe-") as tmp:
+        argv = [bwrap, *_bwrap_args(tmp, tmp, privileged=privileged), "--"]
+        if privileged and setpriv is not None:
+            argv += _setpriv_args(setpriv, DEFAULT_RUN_AS)
+        argv.append("true")
+        try:
+            proc = subprocess.run(argv, capture_output=True, timeout=10, check=False, cwd=tmp,
+                                  env={"PATH": "/usr/bin:/bin"})
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"bwrap could not run: {exc}"
+    if proc.returncode != 0:
+        lines = proc.stderr.decode(errors="replace").strip().splitlines()
+        return f"bwrap does not work here: {lines[-1] if lines else f'exit {proc.returncode}'}"
+    return None
+
+
+def _bwrap_args(root: str, workdir: str, *, privileged: bool) -> list[str]:
+    if privileged:
+        # bwrap runs as root without a user namespace (so the tool's uid is a real host uid that
+        # RLIMIT_NPROC and file permissions apply to); it keeps only what setpriv needs to drop to
+        # `run_as`, plus reading its way to the cwd, all cleared by that setuid.
+        ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+              "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+              "--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_DAC_READ_SEARCH"]
+    else:
+        ns = ["--unshare-all"]
+    args = [*ns, "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for name in _ETC:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # The workspace at its own path; its parents are made explicitly (mode 0755: the ones bwrap makes
+    # for a bind's destination are 0700 root, which the tool's uid could not traverse for $HOME).
+    for parent in reversed(Path(root).parents):
+        if str(parent) not in ("/", "/tmp"):
+            args += ["--dir", str(parent)]
+    args += ["--bind", root, root, "--chdir", workdir]
+    return args
+
+
+def _setpriv_args(setpriv: str, run_as: tuple[int, int]) -> list[str]:
+    uid, gid = run_as
+    return [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--no-new-privs", "--"]
+
+
+def _user_tasks(uid: int) -> int | None:
+    """Processes and threads of `uid` now (Linux), or None when they cannot be counted."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    count = 0
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/status", "rb") as f:
+                m = re.search(rb"^Threads:\s+(\d+)", f.read(), re.M)
+            count += int(m.group(1)) if m else 1
+        except OSError:
+            continue
+    return count
+
+
+# -- the runner ---------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Output:
+    """stdout and stderr as read: the first `keep` bytes of both kept, the rest only counted."""
+
+    keep: int
+    kill_at: int
+    total: int = 0
+    kept: int = 0
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    over: asyncio.Event = field(default_factory=asyncio.Event)  # set past `kill_at`
+
+    def add(self, buf: bytearray, data: bytes) -> None:
+        self.total += len(data)
+        room = self.keep - self.kept
+        if room > 0:
+            part = data[:room]
+            buf += part
+            self.kept += len(part)
+        if self.total > self.kill_at:
+            self.over.set()
+
+
+async def _pump(stream: asyncio.StreamReader | None, out: _Output, buf: bytearray) -> None:
+    if stream is None:
+        return
+    while True:
+        data = await stream.read(_READ_CHUNK)
+        if not data:
+            return
+        out.add(buf, data)
+
+
+async def _exit_status(proc: asyncio.subprocess.Process) -> int:
+    """The process's exit status as soon as it is reaped. (`Process.wait()` on Python 3.11 also
+    waits for its pipes to close, which a background child still holding them would delay.)"""
+    delay = 0.001
+    while True:
+        if proc.returncode is not None:
+            return proc.returncode
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+async def _feed(stream: asyncio.StreamWriter | None, data: bytes) -> None:
+    if stream is None:
+        return
+    try:
+        stream.write(data)
+        await stream.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            stream.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    argv: list[str]
+    workdir: str
+    preexec: Callable[[], None] | None
+    cgroup: Path | None
+
+
+class LocalProcessRunner:
+    """ProcessRunner for one workspace root on this machine (see the module docstring).
+
+    `isolation`: "auto" uses bubblewrap when it is installed and works here (else logs one warning
+    and goes on without); "bwrap" requires it; "none" never uses it. `run_as` (uid, gid): who tools
+    run as when the server is root (default: the root directory's owner, or nobody). `pids_cgroup`:
+    use a per-call pids cgroup when one is available. `launcher`: "exec" (prlimit/setpriv/sh chain),
+    "preexec" (a `preexec_fn` in the child), "auto" the former when util-linux is there."""
+
+    def __init__(self, root: Path, *, isolation: Isolation = "auto", run_as: tuple[int, int] | None = None,
+                 pids_cgroup: bool = True, launcher: Launcher = "auto") -> None:
+        self.root = Path(os.path.realpath(root))
+        self.isolation: Isolation = isolation
+        self.pids_cgroup = pids_cgroup
+        self.launcher: Launcher = launcher
+        self._run_as_arg = run_as
+        self.run_as: tuple[int, int] | None = None  # resolved at first use
+        self._ready = False
+
+    # -- setup ---------------------------------------------------------------------------------------
+
+    async def _prepare(self) -> Host:
+        host = await asyncio.to_thread(probe_host)
+        if not self._ready:
+            await asyncio.to_thread(self._prepare_root, host)
+            self._ready = True
+        return host
+
+    def _prepare_root(self, host: Host) -> None:
+        global _warned
+        if not self.root.is_dir():
+            raise AgentVMError(f"workspace root {str(self.root)!r} does not exist")
+        uses_bwrap = self._uses_bwrap(host)
+        if self.isolation == "auto" and not uses_bwrap and not _warned:
+            _warned = True
+            extra = " and an unprivileged uid" if host.privileged else ""
+            reason = host.bwrap_problem or "it needs util-linux's prlimit and setpriv as root"
+            log.warning(
+                f"bubblewrap not usable ({reason}): the tool sandbox relies on rlimits, "
+                f"a scrubbed environment and path confinement{extra} only; tools can read what their "
+                f"uid can read on this host and use its network")
+        if not host.privileged:
+            return
+        st = os.stat(self.root)
+        if self._run_as_arg is not None:
+            self.run_as = self._run_as_arg
+        elif st.st_uid != 0:
+            self.run_as = (st.st_uid, st.st_gid)
+        else:
+            self.run_as = DEFAULT_RUN_AS
+        if (st.st_uid, st.st_gid) != self.run_as:  # hand the workspace to the uid tools run as
+            owner = (st.st_uid, st.st_gid)
+            for path in (self.root, *(self.root / d for d in ("temp", "projects", "output"))):
+                with contextlib.suppress(FileNotFoundError):
+                    if (os.lstat(path).st_uid, os.lstat(path).st_gid) == owner:
+                        os.chown(path, *self.run_as, follow_symlinks=False)
+            log.info("workspace handed to the tool uid", extra={"root": str(self.root), "uid": self.run_as[0]})
+        if not uses_bwrap and self.root not in _warned_roots:
+            blocked = _unreachable_ancestor(self.root, *self.run_as)
+            if blocked is not None:
+                _warned_roots.add(self.root)
+                log.warning(
+                    f"uid {self.run_as[0]} cannot traverse {blocked}: tools still start in the workspace, "
+                    f"but absolute paths into it ($HOME, $TMPDIR) fail for them; keep workspaces under a "
+                    f"directory other users may traverse (o+x)")
+
+    def _uses_bwrap(self, host: Host) -> bool:
+        if self.isolation == "none":
+            return False
+        if self.isolation == "bwrap" and host.bwrap is None:
+            raise AgentVMError(f"bubblewrap was required but is not usable: {host.bwrap_problem}")
+        if host.bwrap is None:
+            return False
+        # As root, bwrap needs the exec chain (setpriv inside it); the preexec_fn would drop the uid first.
+        if host.privileged and not self._exec_launcher(host):
+            if self.isolation == "bwrap":
+                raise AgentVMError("bubblewrap as root needs the exec launcher (util-linux prlimit and setpriv)")
+            return False
+        return True
+
+    def _exec_launcher(self, host: Host) -> bool:
+        if self.launcher == "auto":
+            return host.exec_launcher
+        if self.launcher == "exec" and not host.exec_launcher:
+            raise AgentVMError("the exec launcher needs util-linux's prlimit (and setpriv as root)")
+        return self.launcher == "exec"
+
+    def _workdir(self, cwd: str) -> str:
+        """The absolute cwd, which must be a directory inside the root."""
+        if "\0" in cwd:
+            raise InvalidRequest(f"cwd {cwd!r}: contains a NUL byte", field="cwd")
+        if cwd.startswith("/"):
+            raise InvalidRequest(f"cwd {cwd!r}: absolute paths are not allowed", field="cwd")
+        norm = posixpath.normpath(cwd or ".")
+        if norm == ".." or norm.startswith("../"):
+            raise InvalidRequest(f"cwd {cwd!r}: '..' leaves the workspace", field="cwd")
+        real = os.path.realpath(self.root / norm)
+        root = str(self.root)
+        if real != root and not real.startswith(root.rstrip("/") + "/"):
+            raise InvalidRequest(f"cwd {cwd!r}: a symlink leads out of the workspace", field="cwd")
+        if not os.path.isdir(real):
+            raise InvalidRequest(f"cwd {cwd!r}: not a directory", field="cwd")
+        return real
+
+    # -- run -----------------------------------------------------------------------------------------
+
+    async def run(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], limits: Limits,
+                  stdin: bytes | None = None) -> ProcessResult:
+        if not argv:
+            raise InvalidRequest("argv is empty", field="argv")
+        host = await self._prepare()
+        plan = await asyncio.to_thread(self._plan, host, list(argv), cwd, limits)
+        started = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *plan.argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=plan.workdir, env=dict(env),
+                start_new_session=True, preexec_fn=plan.preexec)
+        except (OSError, subprocess.SubprocessError) as exc:
+            if plan.cgroup is not None and host.cgroups is not None:
+                host.cgroups.remove_now(plan.cgroup)
+            message = f"{argv[0]}: {exc.strerror if isinstance(exc, OSError) else exc}\n".encode()
+            return ProcessResult(exit_code=127, stdout=b"", stderr=message, output_bytes=0, truncated=False,
+                                 killed=None, duration_ms=int((time.monotonic() - started) * 1000))
+
+        out = _Output(limits.output_bytes, limits.output_kill_at)
+        pumps = [asyncio.ensure_future(_pump(proc.stdout, out, out.stdout)),
+                 asyncio.ensure_future(_pump(proc.stderr, out, out.stderr))]
+        feeder = asyncio.ensure_future(_feed(proc.stdin, stdin)) if stdin is not None else None
+        exited = asyncio.ensure_future(_exit_status(proc))
+        over = asyncio.ensure_future(out.over.wait())
+        killed: str | None = None
+        try:
+            done, _ = await asyncio.wait({exited, over}, timeout=limits.timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if exited not in done:
+                killed = "output_limit" if out.over.is_set() else "timeout"
+            # Whatever is left of the tool goes: the whole tree at a limit, background children after.
+            self._kill(proc.pid, plan, host)
+            returncode = await asyncio.wait_for(asyncio.shield(exited), _REAP_S)
+            # The rest of the output; and the transport closes once the pipes do (unless a process that
+            # escaped both the process group and the cgroup still holds them).
+            closed = asyncio.ensure_future(proc.wait())
+            await asyncio.wait([*pumps, closed], timeout=_DRAIN_S)
+        except BaseException:  # cancelled (an interrupted turn): kill, and clean up in the background
+            self._kill(proc.pid, plan, host)
+            _spawn_background(self._cleanup(plan, host, [*pumps, over, exited], feeder))
+            raise
+        await self._cleanup(plan, host, [*pumps, over, closed], feeder)
+        duration_ms = int((time.monotonic() - started) * 1000)
+
+        exit_code: int | None = returncode
+        if killed is None:
+            if returncode < 0:
+                sig = -returncode
+                killed = _CPU_SIG.get(sig, f"signal:{sig}")
+            elif returncode > 128 and returncode - 128 in _CPU_SIG:
+                # a shell (or bwrap) reporting that its child died of SIGXCPU / SIGXFSZ
+                killed = _CPU_SIG[returncode - 128]
+        if killed is not None:
+            exit_code = None
+        return ProcessResult(exit_code=exit_code, stdout=bytes(out.stdout), stderr=bytes(out.stderr),
+                             output_bytes=out.total, truncated=out.total > out.kept, killed=killed,
+                             duration_ms=duration_ms)
+
+    def _kill(self, pid: int, plan: _Plan, host: Host) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        if plan.cgroup is not None and host.cgroups is not None:
+            host.cgroups.kill_all(plan.cgroup)
+
+    async def _cleanup(self, plan: _Plan, host: Host, tasks: list[asyncio.Future[Any]],
+                       feeder: asyncio.Future[None] | None) -> None:
+        for task in [*tasks, *([feeder] if feeder is not None else [])]:
+            if not task.done():
+                task.cancel()
+        if plan.cgroup is not None and host.cgroups is not None and not host.cgroups.remove_now(plan.cgroup):
+            _spawn_background(host.cgroups.remove(plan.cgroup))  # its processes are still being reaped
+
+    def _plan(self, host: Host, argv: list[str], cwd: str, limits: Limits) -> _Plan:
+        """The argv to spawn (and the preexec_fn): cgroup, rlimits, bwrap, uid drop, command."""
+        workdir = self._workdir(cwd)
+        bwrap = self._uses_bwrap(host)
+        exec_launcher = self._exec_launcher(host)
+        cgroups = host.cgroups if self.pids_cgroup else None
+        cgroup: Path | None = None
+        if cgroups is not None:
+            try:
+                cgroup = cgroups.create(limits.processes + (2 if bwrap else 0))
+            except OSError as exc:
+                log.warning(f"no pids cgroup for this tool call ({exc}): RLIMIT_NPROC only")
+        nproc: int | None = None
+        if cgroup is None:
+            if self.run_as is not None:
+                nproc = limits.processes  # the tool's uid; shared by its concurrent calls
+            else:  # our own uid: every process of ours counts, so allow that many more
+                mine = _user_tasks(os.getuid())
+                nproc = None if mine is None else mine + limits.processes
+        rlimits: list[tuple[int, int, int]] = [
+            (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),
+            (resource.RLIMIT_AS, limits.memory_bytes, limits.memory_bytes),
+            (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
+            (resource.RLIMIT_CORE, 0, 0),
+        ]
+        if nproc is not None:
+            rlimits.append((resource.RLIMIT_NPROC, nproc, nproc))
+
+        inner = argv
+        if self.run_as is not None and exec_launcher:
+            assert host.setpriv is not None
+            inner = [*_setpriv_args(host.setpriv, self.run_as), *argv]
+        if bwrap:
+            assert host.bwrap is not None
+            inner = [host.bwrap, *_bwrap_args(str(self.root), workdir, privileged=host.privileged), "--", *inner]
+        if not exec_launcher:
+            procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
+            return _Plan(inner, workdir, _child_setup(procs, rlimits, self.run_as), cgroup)
+        assert host.prlimit is not None
+        names = {resource.RLIMIT_CPU: "cpu", resource.RLIMIT_AS: "as", resource.RLIMIT_FSIZE: "fsize",
+                 resource.RLIMIT_CORE: "core", resource.RLIMIT_NPROC: "nproc"}
+        chain = [host.prlimit, *(f"--{names[r]}={soft}:{hard}" for r, soft, hard in rlimits), "--", *inner]
+        if cgroup is not None:
+            chain = [host.sh, "-c", _CG_JOIN, str(cgroup / "cgroup.procs"), *chain]
+        return _Plan(chain, workdir, None, cgroup)
+
+
+def _child_setup(procs: str | None, rlimits: list[tuple[int, int, int]],
+                 run_as: tuple[int, int] | None) -> Callable[[], None]:
+    """A preexec_fn (runs in the forked child): join the cgroup, set the rlimits, leave root."""
+
+    def setup() -> None:
+        if procs is not None:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+        for res, soft, hard in rlimits:
+            with contextlib.suppress(OSError, ValueError):  # e.g. RLIMIT_AS on macOS
+                resource.setrlimit(res, (soft, hard))
+        if run_as is not None:
+            os.setgroups([])
+            os.setresgid(run_as[1], run_as[1], run_as[1])
+            os.setresuid(run_as[0], run_as[0], run_as[0])
+
+    return setup
+
+
+def _unreachable_ancestor(root: Path, uid: int, gid: int) -> Path | None:
+    """The first directory above `root` that `uid` may not traverse, or None."""
+    for parent in reversed(root.parents):
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return parent
+        if st.st_uid == uid:
+            ok = st.st_mode & stat.S_IXUSR
+        elif st.st_gid == gid:
+            ok = st.st_mode & stat.S_IXGRP
+        else:
+            ok = st.st_mode & stat.S_IXOTH
+        if not ok:
+            return parent
+    return None

@@ -1,0 +1,79 @@
+"""What one container's tools can see of the host and of another container's workspace.
+
+Guarantees, as tested here:
+* with bubblewrap: another workspace, /root, /work and the host's /tmp are not in the tool's file
+  system at all; no network; its own pid namespace.
+* without bubblewrap, server running as root: the tool runs as its workspace's uid; a workspace is
+  0o700, so another container's workspace with another uid cannot be read. Two workspaces given the
+  same uid (the default nobody) are NOT isolated from each other. World-readable host files are.
+* without bubblewrap, server not running as root: no file isolation (skipped here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentvm.adapters.local.local_process import Host, Isolation, LocalProcessRunner
+from agentvm.sandbox import Limits, Runtime, Workspace
+from tests.sandbox.conftest import ROOT, needs_root
+
+QUICK = Limits(timeout_s=10)
+SECRET = b"container B's secret"
+
+
+async def _pair(base: Path, uid_a: int, uid_b: int, isolation: Isolation) -> tuple[Runtime, Workspace]:
+    a = await Workspace.open(base / "containers" / "a", owner=(uid_a, uid_a))
+    b = await Workspace.open(base / "containers" / "b", owner=(uid_b, uid_b))
+    await b.fs.write_bytes("projects/secret.txt", SECRET)
+    return Runtime(a, LocalProcessRunner(a.root, isolation=isolation)), b
+
+
+async def test_a_tool_cannot_read_another_containers_workspace(base: Path, tool_uid: int,
+                                                                isolation: Isolation) -> None:
+    if not ROOT and isolation == "none":
+        pytest.skip("without bwrap and without root, tools run as the server's user: no file isolation")
+    rt, other = await _pair(base, tool_uid, tool_uid + 1, isolation)
+    for command in ("cat ../b/projects/secret.txt", f"cat {other.root}/projects/secret.txt", "ls ../b",
+                    f"cp -r {other.root} ./stolen", "ls /root"):
+        result = await rt.exec(command, limits=QUICK)
+        assert result.exit_code != 0, (command, result)
+        assert SECRET not in result.stdout, command
+        expected = b"No such file or directory" if isolation == "bwrap" else b"Permission denied"
+        assert expected in result.stderr, (command, result.stderr)
+    assert not (rt.workspace.root / "stolen" / "projects").exists()  # cp made the empty top dir at most
+
+
+@needs_root
+async def test_without_bwrap_one_uid_for_two_workspaces_is_not_isolation(base: Path, tool_uid: int) -> None:
+    # The limit of the uid mechanism, stated as a test: give each container its own uid.
+    rt, _ = await _pair(base, tool_uid, tool_uid, "none")
+    result = await rt.exec("cat ../b/projects/secret.txt", limits=QUICK)
+    assert result.stdout == SECRET
+
+
+async def test_bwrap_shows_only_the_workspace_and_system_files(base: Path, tool_uid: int, host: Host) -> None:
+    if host.bwrap is None:
+        pytest.skip(f"bubblewrap not usable here: {host.bwrap_problem}")
+    rt, _ = await _pair(base, tool_uid, tool_uid + 1, "bwrap")
+    script = "; ".join([
+        "ls /",
+        "echo ---; ls /tmp",  # a private, empty /tmp
+        "echo ---; test -e /root || echo no-root",
+        "test -e /etc/shadow || echo no-shadow",
+        "echo ---; wc -l < /proc/net/dev",  # header (2 lines) + lo: no network interfaces
+        "echo ---; ls /proc | grep -c '^[0-9]'",  # own pid namespace: a handful of processes
+        "echo ---; ls ..",
+    ])
+    result = await rt.exec(script, limits=QUICK)
+    assert result.exit_code == 0, result
+    top, tmp, missing, net, pids, siblings = result.stdout.decode().split("---\n")
+    assert set(top.split()) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"}
+    assert tmp.split() == [base.name]  # only the path down to the workspace
+    assert missing.split() == ["no-root", "no-shadow"]
+    assert int(net) == 3
+    assert int(pids) < 10
+    assert siblings.split() == ["a"]  # container b is not there
+    offline = await rt.exec("exec 3<>/dev/tcp/1.1.1.1/53", limits=QUICK)
+    assert offline.exit_code != 0
