@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import agentvm.services.session_worker  # noqa: F401 - loaded at init (and in the SnapStart snapshot)
+# loaded at init (and in the SnapStart snapshot), not by the first invocation
+import agentvm.adapters.aws.cloud_fanout
+import agentvm.services.session_worker  # noqa: F401
 from agentvm.cloud.runtime import run, runtime
 
 log = logging.getLogger("agentvm.chat_turn")

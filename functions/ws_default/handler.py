@@ -7,7 +7,9 @@ import base64
 import logging
 from typing import Any
 
-import agentvm.api.ws_router  # noqa: F401 - loaded at init (and in the SnapStart snapshot), not per request
+# loaded at init (and in a SnapStart snapshot), not by the first request
+import agentvm.adapters.aws.cloud_fanout
+import agentvm.api.ws_router  # noqa: F401
 from agentvm.cloud.runtime import run, runtime
 from agentvm.domain.models import Principal
 from agentvm.errors import Unauthorized, public_message

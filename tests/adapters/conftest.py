@@ -16,7 +16,7 @@ from tests.aws_fixtures import aws_env, aws_session, moto_endpoint
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
 
-__all__ = ["aws_env", "aws_session", "bucket", "moto_endpoint", "s3"]
+__all__ = ["aws_env", "aws_session", "bucket", "bucket_keys", "moto_endpoint", "s3"]
 
 
 @pytest.fixture
@@ -32,3 +32,9 @@ async def bucket(s3: S3Client) -> str:
     name = f"agentvm-{uuid.uuid4().hex[:16]}"
     await s3.create_bucket(Bucket=name)
     return name
+
+
+async def bucket_keys(s3: S3Client, bucket: str) -> list[str]:
+    """Every object key in the bucket, sorted (what an adapter really wrote)."""
+    resp = await s3.list_objects_v2(Bucket=bucket)
+    return sorted(o["Key"] for o in resp.get("Contents", []))

@@ -15,6 +15,7 @@ from botocore.stub import Stubber
 from agentvm.adapters.aws.apigw_gateway import ApiGatewayGateway
 from agentvm.adapters.aws.frame_offload import BlobOffload, S3FrameOffload
 from agentvm.adapters.aws.s3_blobs import S3BlobStore
+from tests.adapters.conftest import bucket_keys
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -32,11 +33,6 @@ async def offload(bucket: str, aws_session: botocore.session.Session,
     await store.close()
 
 
-async def keys(s3: S3Client, bucket: str) -> list[str]:
-    resp = await s3.list_objects_v2(Bucket=bucket)
-    return sorted(o["Key"] for o in resp.get("Contents", []))
-
-
 async def test_put_frame_stores_json_and_returns_a_15_minute_url(offload: S3FrameOffload, s3: S3Client,
                                                                  bucket: str) -> None:
     port: BlobOffload = offload
@@ -50,7 +46,7 @@ async def test_put_frame_stores_json_and_returns_a_15_minute_url(offload: S3Fram
     assert resp.status_code == 200 and resp.content == data
     # same key, same content: idempotent
     await port.put_frame("frames/2026/11/22/abc.json", data)
-    assert await keys(s3, bucket) == ["frames/2026/11/22/abc.json"]
+    assert await bucket_keys(s3, bucket) == ["frames/2026/11/22/abc.json"]
 
 
 async def test_the_gateway_posts_a_reference_to_a_byte_identical_copy(
@@ -84,5 +80,5 @@ async def test_the_gateway_posts_a_reference_to_a_byte_identical_copy(
     assert resp.status_code == 200
     assert resp.content == frame.encode()
     assert ref["bytes"] == len(resp.content) and ref["sha256"] == hashlib.sha256(resp.content).hexdigest()
-    [key] = await keys(s3, bucket)
+    [key] = await bucket_keys(s3, bucket)
     assert key.startswith("frames/") and key.endswith(f"/{ref['sha256']}.json")

@@ -12,6 +12,7 @@ import pytest
 from agentvm.adapters.aws.blob_port import BlobStore
 from agentvm.adapters.aws.s3_blobs import S3BlobStore
 from agentvm.errors import InvalidRequest
+from tests.adapters.conftest import bucket_keys
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -27,18 +28,13 @@ async def blobs(bucket: str, aws_session: botocore.session.Session, moto_endpoin
     await store.close()
 
 
-async def raw_keys(s3: S3Client, bucket: str) -> list[str]:
-    resp = await s3.list_objects_v2(Bucket=bucket)
-    return sorted(o["Key"] for o in resp.get("Contents", []))
-
-
 async def test_put_get_exists_delete_round_trip_under_the_prefix(blobs: S3BlobStore, s3: S3Client,
                                                                  bucket: str) -> None:
     port: BlobStore = blobs
     data = bytes(range(256)) * 10
     assert await port.put("exports/a.bin", data) == "exports/a.bin"
     assert await port.put("notes/b.txt", b"hello", "text/plain") == "notes/b.txt"
-    assert await raw_keys(s3, bucket) == ["tenants/t1/exports/a.bin", "tenants/t1/notes/b.txt"]
+    assert await bucket_keys(s3, bucket) == ["tenants/t1/exports/a.bin", "tenants/t1/notes/b.txt"]
     assert await port.get("exports/a.bin") == data
     assert await port.exists("notes/b.txt") is True
     assert await port.exists("notes/missing.txt") is False
@@ -48,7 +44,7 @@ async def test_put_get_exists_delete_round_trip_under_the_prefix(blobs: S3BlobSt
     assert await port.delete("notes/b.txt") is True
     assert await port.delete("notes/b.txt") is False
     assert await port.get("notes/b.txt") is None
-    assert await raw_keys(s3, bucket) == ["tenants/t1/exports/a.bin"]
+    assert await bucket_keys(s3, bucket) == ["tenants/t1/exports/a.bin"]
 
 
 async def test_content_type_is_stored(blobs: S3BlobStore, s3: S3Client, bucket: str) -> None:
@@ -82,7 +78,7 @@ async def test_without_a_prefix_keys_are_used_as_given_and_the_client_opens_lazi
     store = S3BlobStore(bucket, session=aws_session, endpoint_url=moto_endpoint)
     try:
         assert await store.put("top.txt", b"1") == "top.txt"
-        assert await raw_keys(s3, bucket) == ["top.txt"]
+        assert await bucket_keys(s3, bucket) == ["top.txt"]
     finally:
         await store.close()
     await store.close()  # idempotent

@@ -2,12 +2,12 @@
 
     .venv/bin/python -m tests.bench.aws_calls [--quick] [--json FILE]
 
-The real handlers (`functions/ws_default`, `functions/chat_turn`) run against DynamoDB and the API
-Gateway management API on an in-process moto server; `ws_default`'s async invoke of `chat_turn`
-reaches a small local Lambda Invoke endpoint that runs the handler in a new thread (a new
-execution environment). The turn is a 500-token reply of 100 text deltas over 10 s (scripted
-driver, 100 ms apart), sent as the second message of a conversation (the first one also registers
-the agent). Counted from the message frame until `chat_turn` returns, for each `stream.flushMs`:
+The real handlers run behind the emulated API Gateway edge (tests/support/cloud_edge.py: the
+WebSocket routes, the Lambda Invoke API for `chat_turn`, warm environments) against DynamoDB and
+the management API on an in-process moto server; a `StockClient` talks to the edge. The turn is a
+500-token reply of 100 text deltas over 10 s (scripted driver, 100 ms apart), sent as the second
+message of a conversation (the first one also registers the agent). Counted from the message frame
+until `chat_turn` returns, for each `stream.flushMs`:
 
 * `post_to_connection` calls, and the 32 KB units API Gateway bills them as;
 * DynamoDB write requests and write units (per item: ceil(size / 1 KB), sizes computed from the
@@ -26,6 +26,7 @@ Feed the JSON to `python -m tests.bench.cost_model --counts FILE`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import math
@@ -39,11 +40,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-
-from tests.support.cloud_edge import load_handler
 
 FLUSH_MS = (0, 100, 250, 500)
 MAX_FLUSH_MS = 1000  # template.yaml: AVM_STREAM_MAX_FLUSH_MS
@@ -195,49 +193,6 @@ class CallCounter:
 # ---- the emulated cloud ------------------------------------------------------------------------
 
 
-class _Invokes:
-    """The Lambda Invoke API (InvocationType=Event) for `chat_turn`: 202 at once, the handler runs in a
-    new thread, i.e. a new execution environment."""
-
-    def __init__(self, handler: Any) -> None:
-        self.handler = handler
-        self.threads: list[threading.Thread] = []
-        self.errors: list[BaseException] = []
-        invokes = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                thread = threading.Thread(target=invokes._run, args=(payload,), daemon=True)
-                invokes.threads.append(thread)
-                thread.start()
-                self.send_response(202)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def _run(self, payload: dict[str, Any]) -> None:
-        try:
-            self.handler(payload, None)
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def wait(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while any(t.is_alive() for t in self.threads):
-            if time.monotonic() > deadline:
-                raise TimeoutError("chat_turn did not finish")
-            time.sleep(0.01)
-        if self.errors:
-            raise RuntimeError("chat_turn failed") from self.errors[0]
-
-
 @contextmanager
 def _environment(**values: str) -> Iterator[None]:
     old = {k: os.environ.get(k) for k in values}
@@ -259,56 +214,47 @@ def _script(path: Path, gap_ms: float) -> None:
                                          "usage": {"input_tokens": 500, "output_tokens": 500}}]}]}))
 
 
-def measure(flush_ms: int, *, scale: float, endpoint: str, counter: CallCounter, script: Path) -> dict[str, Any]:
+async def measure(flush_ms: int, *, scale: float, endpoint: str, counter: CallCounter,
+                  script: Path) -> dict[str, Any]:
+    """One conversation through the emulated API Gateway edge: a first turn (it also registers the
+    agent), then the counted one."""
     from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
+    from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
     from agentvm.auth.api_keys import new_key
-    from agentvm.cloud import runtime as cloud_runtime
+    from tests.support.cloud_edge import cloud_edge
+    from tests.support.stock_client import StockClient
 
-    chat_turn = load_handler("chat_turn")
-    invokes = _Invokes(chat_turn.handler)
-    env = {"AVM_TABLE_NAME": f"bench-{uuid.uuid4().hex[:12]}", "AVM_AWS_ENDPOINT_URL": endpoint,
-           "AVM_WS_ENDPOINT": endpoint, "AVM_LAMBDA_ENDPOINT_URL": invokes.url,
-           "AVM_CHAT_TURN_FUNCTION": "agentvm-chat-turn:live", "AVM_RELIABLE_WRAPPER": "false",
+    table = f"bench-{uuid.uuid4().hex[:12]}"
+    store = DynamoDBStore(table, endpoint_url=endpoint, region_name="us-east-1")
+    await store.open()
+    await store.create_table()
+    key, token = new_key("bench")
+    await DynamoDBKeys(store).put_key(key)
+    env = {"AVM_CHAT_TURN_FUNCTION": "agentvm-chat-turn:live", "AVM_RELIABLE_WRAPPER": "false",
            "AVM_SCRIPT_PATH": str(script), "AVM_STREAM_FLUSH_MS": str(round(flush_ms * scale)),
            "AVM_STREAM_MAX_FLUSH_MS": str(round(MAX_FLUSH_MS * scale))}
-    with _environment(**env):
-        cloud_runtime.reset()
-        rt = cloud_runtime.runtime()
-        cloud_runtime.run(rt.ready())
-        cloud_runtime.run(rt.store.create_table())
-        key, token = new_key("bench")
-        cloud_runtime.run(DynamoDBKeys(rt.store).put_key(key))
-        connect, default = load_handler("ws_connect"), load_handler("ws_default")
-        conn = f"{uuid.uuid4().hex[:14]}Q="
-        ctx = {"connectionId": conn, "stage": "prod", "domainName": "bench.execute-api.us-east-1.amazonaws.com",
-               "apiId": "bench"}
-        assert connect.handler({"requestContext": {**ctx, "routeKey": "$connect", "eventType": "CONNECT"},
-                                "queryStringParameters": {"token": token}}, None)["statusCode"] == 200
-
-        def frame(type_: str, data: dict[str, Any]) -> None:
-            body = json.dumps({"type": type_, "data": {**data, "requestId": uuid.uuid4().hex}})
-            default.handler({"requestContext": {**ctx, "routeKey": "$default", "eventType": "MESSAGE"},
-                             "body": body, "isBase64Encoded": False}, None)
-
-        frame("container_create_request", {"containerId": "bench"})
-        frame("image_create_request", {"containerId": "bench", "config": {"name": "bench"}})
-        images = cloud_runtime.run(rt.store.list_images("bench", "bench"))
-        frame("message_send_request", {"imageId": images[0].image_id, "content": "hello"})  # registers the agent
-        invokes.wait()
-        counter.reset()
-        counter.enabled = True
-        started = time.monotonic()
-        frame("message_send_request", {"imageId": images[0].image_id, "content": "a long answer please"})
-        invokes.wait()
-        elapsed = time.monotonic() - started
-        counter.enabled = False
+    try:
+        async with cloud_edge(moto_endpoint=endpoint, token=token, table_name=table) as edge:
+            with _environment(**edge.handler_env(), **env):
+                async with StockClient(edge.url, ack=False) as client:
+                    image = await client.new_image("bench", name="bench")
+                    await client.turn(image["imageId"], "hello")
+                    await edge.settle(include_invokes=True)
+                    calls_before = len(edge.invocations)
+                    counter.reset()
+                    counter.enabled = True
+                    started = time.monotonic()
+                    await client.turn(image["imageId"], "a long answer please", timeout=120)
+                    await edge.settle(include_invokes=True, timeout=60)
+                    elapsed = time.monotonic() - started
+                    counter.enabled = False
+                    invoked = Counter(label for label, _ in edge.invocations[calls_before:])
         counts = counter.reset()
-        turns = cloud_runtime.run(rt.store.list_turns("bench", images[0].session_id))
+        turns = await store.list_turns("bench", image["sessionId"])
         assert [t.status for t in turns] == ["completed", "completed"], turns
-        cloud_runtime.run(rt.store.close())
-        cloud_runtime.reset()
-    invokes.server.shutdown()
-    out = counts.as_json({"ws_default": 1, "chat_turn": 1}, inbound=1)
+    finally:
+        await store.close()
+    out = counts.as_json(dict(sorted(invoked.items())), inbound=invoked.get("ws_default", 0))
     out["turn_seconds"] = round(elapsed, 2)
     return out
 
@@ -333,8 +279,8 @@ def run(quick: bool) -> dict[str, Any]:
         counter.install(default_session())
         try:
             for flush in FLUSH_MS:
-                results[str(flush)] = measure(flush, scale=scale, endpoint=f"http://{host}:{port}",
-                                              counter=counter, script=script)
+                results[str(flush)] = asyncio.run(measure(flush, scale=scale, endpoint=f"http://{host}:{port}",
+                                                          counter=counter, script=script))
         finally:
             server.stop()
     return {"mode": "quick" if quick else "full", "deltas": DELTAS, "delta_gap_ms": DELTA_GAP_MS * scale,

@@ -69,12 +69,6 @@ async def cloud(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPat
         await store.close()
 
 
-def vanish(edge: CloudEdge, connection_id: str) -> None:
-    """The client's network path is gone: API Gateway answers GoneException, sends no $disconnect."""
-    assert edge._api is not None
-    edge._api.gone(connection_id)
-
-
 def session_events(client: StockClient, start: int) -> list[dict[str, Any]]:
     return [e for e in client.events[start:] if "seq" in e]
 
@@ -95,7 +89,7 @@ async def _vanish_mid_turn(cloud: Cloud, a: StockClient, b: StockClient, image: 
     b_start = len(b.events)
     await a.request("message_send_request", {"imageId": image["imageId"], "content": "long answer"})
     await a.wait_type("text_delta")
-    vanish(cloud.edge, a_conn)
+    cloud.edge.vanish(a_conn)
     end = await b.wait_type("turn_response", start=b_start, timeout=20)
     await cloud.edge.settle(include_invokes=True)
 
@@ -132,7 +126,7 @@ async def test_when_every_subscriber_is_gone_the_llm_stream_stops_and_the_turn_i
         [a_conn] = cloud.edge.connection_ids()
         await a.request("message_send_request", {"imageId": image["imageId"], "content": "long answer"})
         await a.wait_type("text_delta")
-        vanish(cloud.edge, a_conn)
+        cloud.edge.vanish(a_conn)
         await cloud.edge.settle(include_invokes=True, timeout=20)
 
     [turn] = await cloud.store.list_turns("tenant-g", image["sessionId"])

@@ -640,6 +640,12 @@ class CloudEdge:
         loop = asyncio.get_running_loop()
         self._retiring.append(loop.create_task(asyncio.to_thread(self._retire, old)))
 
+    def vanish(self, connection_id: str) -> None:
+        """The client's network path is gone: posts answer GoneException, no $disconnect is sent
+        (API Gateway does not guarantee one); the client's socket stays open."""
+        assert self._api is not None, "the edge is not running"
+        self._api.gone(connection_id)
+
     def drop(self, connection_id: str, code: int = 1001, reason: str = "Going away") -> None:
         """Close a connection from the edge (API Gateway's idle timeout closes with 1001)."""
         conn = self._connections.get(connection_id)

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentvm.adapters.aws.apigw_gateway import MAX_FRAME_BYTES, ApiGatewayGateway
 from agentvm.adapters.aws.aws_env import SecretValues
-from agentvm.adapters.aws.cloud_fanout import CloudFanout
 from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
@@ -32,13 +31,14 @@ from agentvm.adapters.aws.s3_blobs import S3BlobStore
 from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
 from agentvm.domain.models import LoggedEvent
-from agentvm.engine.runner import EngineOptions
 from agentvm.errors import InvalidRequest
 from agentvm.ports import Driver
-from agentvm.services.deps import Deps
 
 if TYPE_CHECKING:
+    from agentvm.adapters.aws.cloud_fanout import CloudFanout
     from agentvm.api.ws_router import CommandRouter
+    from agentvm.engine.runner import EngineOptions
+    from agentvm.services.deps import Deps
     from agentvm.services.session_worker import SessionWorker
 
 T = TypeVar("T")
@@ -138,6 +138,8 @@ class CloudRuntime:
         return self._driver
 
     def options(self, driver: Driver | None) -> EngineOptions:
+        from agentvm.engine.runner import EngineOptions
+
         s = self.settings
         model = "scripted" if driver is not None and driver.name == "scripted" else s.llm_model
         return EngineOptions(default_model=model, max_tokens=s.llm_max_tokens, flush_ms=s.stream_flush_ms,
@@ -145,6 +147,11 @@ class CloudRuntime:
                              tier="function")
 
     def invocation(self, tenant_id: str, *, role: str, driver: Driver | None = None) -> Invocation:
+        # imported here: $connect and $disconnect never load the engine (ws_default and chat_turn
+        # load it at init through their own imports)
+        from agentvm.adapters.aws.cloud_fanout import CloudFanout
+        from agentvm.services.deps import Deps
+
         store = self.store
 
         async def replay(session_id: str, after_seq: int) -> list[LoggedEvent]:
@@ -160,8 +167,7 @@ class CloudRuntime:
 
     def router(self, invocation: Invocation) -> CommandRouter:
         """`ws_default`: the AgentX command router over the services, sessions hosted by lease.
-        (Imported here: `$connect`/`$disconnect` never load the protocol models and services;
-        `ws_default` imports the router module at init.)"""
+        (Imported here for the same reason as in `invocation`.)"""
         from agentvm.api.ws_router import CommandRouter
         from agentvm.services.bundle import Services
         from agentvm.services.leased_sessions import LeasedSessions

@@ -36,7 +36,8 @@ INTERRUPT_POLL_S = 0.05
 
 class DeferredFanout:
     """Holds session events back until the checkpoint that stores them has committed, so a client
-    never sees `message_persisted` for a message that was not persisted."""
+    never sees `message_persisted` for a message that was not persisted. (A `SessionChannel` only
+    calls `to_session` on its fan-out.)"""
 
     def __init__(self, fanout: LeasedFanout) -> None:
         self.fanout = fanout
@@ -49,9 +50,6 @@ class DeferredFanout:
         held, self._held = self._held, []
         for session_id, seq, payload, exclude in held:
             self.fanout.to_session(session_id, seq, payload, exclude=exclude)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.fanout, name)
 
 
 class LeasedSessions:

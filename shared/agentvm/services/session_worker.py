@@ -81,12 +81,8 @@ class SessionWorker:
         if not turns and not state.announce:
             return []
         session = await store.get_session(tenant_id, session_id)
-        if session is None:
-            run.done |= state.queued
-            run.announced |= state.announce
-            return []
-        image = await store.get_image(tenant_id, session.image_id)
-        if image is None:
+        image = await store.get_image(tenant_id, session.image_id) if session is not None else None
+        if image is None:  # deleted meanwhile: nothing left to run or announce
             run.done |= state.queued
             run.announced |= state.announce
             return []
@@ -102,7 +98,8 @@ class SessionWorker:
                 continue
             if run.lost:
                 break
-            agent = await store.get_agent_for_image(tenant_id, image.image_id)
+            if ran:  # read again between turns: an agent destroyed meanwhile runs nothing more
+                agent = await store.get_agent_for_image(tenant_id, image.image_id)
             if agent is None:  # the agent was destroyed: its queued turns do not run
                 turn.status, turn.error_code = TurnStatus.INTERRUPTED, "agent_stopped"
                 turn.error_message = "The agent was stopped."

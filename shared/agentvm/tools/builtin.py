@@ -9,6 +9,7 @@ the rest is, so a big result never blows up the context, the history or a 32 KB 
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -153,9 +154,7 @@ class BuiltinTools:
         if timeout is not None:
             if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
                 raise InvalidRequest("timeout_s: must be a positive number of seconds", field="timeout_s")
-            limits = Limits(timeout_s=min(float(timeout), limits.timeout_s), cpu_s=limits.cpu_s,
-                            memory_bytes=limits.memory_bytes, file_size_bytes=limits.file_size_bytes,
-                            processes=limits.processes, output_bytes=limits.output_bytes)
+            limits = dataclasses.replace(limits, timeout_s=min(float(timeout), limits.timeout_s))
         result = await self.runtime.exec(command, limits=limits)
         text = _bash_text(result, limits)
         return ToolOutcome(await self._fit(text), is_error=result.exit_code != 0)
@@ -196,7 +195,10 @@ class BuiltinTools:
         fs = self.runtime.workspace.fs
         if await fs.stat(path) is None:
             return ToolOutcome(f"edit_file: path '{path}': no such file", is_error=True)
-        text = (await fs.read_bytes(path, max_bytes=MAX_READ_BYTES)).decode("utf-8", errors="strict")
+        try:
+            text = (await fs.read_bytes(path, max_bytes=MAX_READ_BYTES)).decode("utf-8")
+        except UnicodeDecodeError:
+            return ToolOutcome(f"edit_file: path '{path}': not a UTF-8 text file", is_error=True)
         count = text.count(old)
         if count == 0:
             return ToolOutcome(f"edit_file: old_string: not found in {path}", is_error=True)
