@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from fastapi import FastAPI
 from starlette.websockets import WebSocket
 
 from agentvm import __version__
+from agentvm.adapters.local.local_container_tier import LocalContainerTier
 from agentvm.adapters.local.local_process import LocalProcessRunner
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
@@ -31,6 +33,7 @@ from agentvm.services.bundle import Services
 from agentvm.services.deps import Deps
 from agentvm.services.recovery import recover_unfinished_turns
 from agentvm.services.sessions import SessionRegistry
+from agentvm.tools.catalog import BuiltinCatalog
 from agentvm.tools.provider import WorkspaceTools
 
 log = logging.getLogger("agentvm.serve")
@@ -71,6 +74,7 @@ class Runtime:
     endpoint: WebSocketEndpoint
     app: FastAPI
     driver: Driver
+    container_tier: LocalContainerTier
 
 
 def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtime:
@@ -81,9 +85,12 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     options = EngineOptions(default_model=default_model, max_tokens=settings.llm_max_tokens,
                             flush_ms=settings.stream_flush_ms, max_flush_ms=settings.stream_max_flush_ms,
                             max_iterations=settings.max_tool_iterations)
-    tools = WorkspaceTools(settings.data_dir, LocalProcessRunner, limits=Limits(timeout_s=settings.tool_timeout_s),
-                           preview_bytes=settings.tool_preview_bytes)
-    deps = Deps(store=store, fanout=hub, driver=drv, options=options, tools=tools)
+    process_for = functools.partial(LocalProcessRunner, isolation=settings.sandbox_isolation)
+    sandbox = LocalContainerTier(WorkspaceTools(settings.data_dir, process_for,
+                                                limits=Limits(timeout_s=settings.tool_timeout_s),
+                                                preview_bytes=settings.tool_preview_bytes))
+    deps = Deps(store=store, fanout=hub, driver=drv, options=options, tools=BuiltinCatalog(),
+                container_tier=sandbox, sandbox_tools=sandbox)
     sessions = SessionRegistry(deps)
     services = Services(deps, sessions)
     router = CommandRouter(services, hub)
@@ -113,7 +120,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     app = create_app(lifespan=lifespan)
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
-    runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv)
+    runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox)
     return runtime
 
 

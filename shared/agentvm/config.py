@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -50,6 +51,10 @@ class Settings(BaseSettings):
         "Run time limit of one tool call; then its whole process group is killed."))
     tool_preview_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20, description=(
         "Tool output given to the model; the rest is kept in the workspace's output/ with a note."))
+    sandbox_isolation: Literal["auto", "bwrap", "none"] = Field("auto", description=(
+        "Tool sandbox: bubblewrap when usable (auto), required (bwrap), or never (none: rlimits, a "
+        "scrubbed environment, path confinement and, as root, a uid per container)."))
+    mcp_idle_s: float = Field(300.0, gt=0, description="A container's MCP servers stop after this long unused.")
     log_level: str = Field("INFO", description="Log level of the structured stderr log.")
     reliable_wrapper: bool = Field(True, description=(
         "Wrap frames as {__msgId, __payload} and accept ACKs. Off in the cloud: every ACK would be a billed "

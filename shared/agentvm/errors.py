@@ -40,6 +40,13 @@ class QuotaExceeded(AgentVMError):
     http_status = 429
 
 
+class ContainerUnavailable(AgentVMError):
+    """The container tier could not take a turn (not configured, or its task did not start)."""
+
+    code = "container_unavailable"
+    http_status = 503
+
+
 class UpstreamError(AgentVMError):
     """The LLM provider (or another upstream) failed. `code` is the provider's error code."""
 

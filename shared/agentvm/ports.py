@@ -102,10 +102,12 @@ class SessionLeases(Protocol):
 
     async def release(self, tenant_id: str, session_id: str, owner: str, *, queue: str | None = None,
                       done: Collection[str] = (), announced: Collection[tuple[str, str]] = (),
-                      served: Collection[str] = ()) -> LeaseState | None:
+                      served: Collection[str] = (), next_seq: int | None = None) -> LeaseState | None:
         """Give the lease up, in the same write adding `queue` to the queue and removing finished
-        turns, announced messages and served subscriptions. Returns what is left to do (release
-        then recheck), or None when `owner` no longer held the lease."""
+        turns, announced messages and served subscriptions. `next_seq`: the first seq this holder
+        did not use; the next holder continues there (one gap-free seq order across holders, e.g.
+        a turn escalated from `chat_turn` to the container task). Returns what is left to do
+        (release then recheck), or None when `owner` no longer held the lease."""
         ...
 
     async def poll(self, tenant_id: str, session_id: str, *, consistent: bool = False) -> LeaseState:
@@ -164,6 +166,16 @@ class Dispatcher(Protocol):
     """Starts the queued turns of a session in the function tier (Lambda async invoke in the cloud)."""
 
     async def start_turns(self, tenant_id: str, session_id: str) -> None: ...
+
+
+class ContainerTier(Protocol):
+    """Starts a container's sandbox for a session whose turn needs one (the scheduler's escalation).
+
+    Locally: an in-process sandbox host per container. Cloud: the container's ECS task (one per
+    container, reused while it has work: its heartbeat record), started with RunTask when none runs.
+    The session's escalated turn is already stored; the tier resumes it from the store."""
+
+    async def start(self, tenant_id: str, container_id: str, session_id: str) -> None: ...
 
 
 class Driver(Protocol):

@@ -125,3 +125,23 @@ async def test_release_cannot_add_and_remove_queued_turns_at_once(leases: Dynamo
     await leases.acquire("t1", "s1", "x", 30_000, seq_block=1)
     with pytest.raises(ValueError, match="queue and done"):
         await leases.release("t1", "s1", "x", queue="a", done={"b"})
+
+
+async def test_a_clean_release_hands_the_next_seq_on(store: DynamoDBStore, leases: DynamoDBLeases) -> None:
+    # chat_turn used seqs 1..7 of its block, then a container task takes the session: it goes on at 8
+    assert seqs(await leases.acquire("t1", "s1", "turn-A", 30_000, seq_block=100)) == (1, 100)
+    assert await leases.release("t1", "s1", "turn-A", next_seq=8) is not None
+    assert seqs(await leases.acquire("t1", "s1", "task-B", 30_000, seq_block=100)) == (8, 200)
+    # without a release (the holder died, its lease expired) the next block starts above everything
+    # reserved: the dead holder may have published any seq of its block
+    clock = store._clock
+    assert isinstance(clock, Clock)
+    clock.now += 31
+    assert seqs(await leases.acquire("t1", "s1", "turn-C", 30_000, seq_block=100)) == (201, 300)
+    # the hand-over is used once: a release without next_seq leaves the next holder a fresh block
+    assert await leases.release("t1", "s1", "turn-C") is not None
+    assert seqs(await leases.acquire("t1", "s1", "turn-D", 30_000, seq_block=100)) == (301, 400)
+    assert await leases.release("t1", "s1", "turn-D", next_seq=305) is not None
+    # a re-entrant acquire by the same owner never goes back to a handed-over seq it already passed
+    assert seqs(await leases.acquire("t1", "s1", "turn-E", 30_000, seq_block=100)) == (305, 500)
+    assert seqs(await leases.acquire("t1", "s1", "turn-E", 30_000, seq_block=100)) == (501, 600)

@@ -43,6 +43,11 @@ class SessionChannel:
         return cls(store=store, fanout=fanout, tenant_id=tenant_id, session_id=session_id, context=context,
                    first_seq=first, reserved_until=until)
 
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event gets."""
+        return self._next_seq
+
     def publish(self, type_: str, data: dict[str, Any] | WireModel, *, exclude: str | None = None,
                 timestamp: int | None = None) -> LoggedEvent:
         """Allocate a seq, send to subscribers now, and keep the event for the next checkpoint."""

@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+import orjson
 
 from agentvm.domain.models import (
     Checkpoint,
@@ -59,7 +60,10 @@ class EngineOptions:
     max_flush_ms: int = 0
     max_iterations: int = 25
     markup: Decimal = DEFAULT_MARKUP
-    tier: str = "function"
+    tier: str = "function"  # "function": sandbox tools escalate the turn; "container": they run here
+    # A tool result's JSON text is kept under this size, so its `tool_result` and `tool_result_message`
+    # frames each stay within one 32 KB API Gateway unit (the envelope takes the rest).
+    max_result_bytes: int = 24 * 1024
 
 
 @dataclass(slots=True)
@@ -100,6 +104,8 @@ class TurnRunner:
         self._interrupted = False
         self._turn_id: str | None = None
         self._usage = Usage()
+        self._llm_calls = 0
+        self.escalated = False
 
     def interrupt(self) -> None:
         self._interrupted = True
@@ -107,22 +113,50 @@ class TurnRunner:
             self._child.cancel()
 
     async def run(self, turn: Turn, image: Image) -> Turn:
-        started = time.monotonic()
+        """Run a queued turn. In the function tier the turn may stop early, escalated (`escalated`):
+        its model asked for a tool that needs a sandbox, and everything up to that call is stored for
+        the container tier to `resume`."""
         turn.status = TurnStatus.RUNNING
         turn.started_at = now_ms()
+        turn.tier = self.options.tier
+        return await self._drive(turn, image, pending=None)
+
+    async def resume(self, turn: Turn, image: Image) -> Turn:
+        """Continue an escalated turn from the store: run its pending tool calls, then go on. Its events
+        continue the session's seq order (the channel starts where the escalating tier stopped)."""
+        turn.status = TurnStatus.RUNNING
+        turn.tier = self.options.tier
+        self._usage = turn.usage
+        messages = [m for m in await self.history.load() if m.turn_id == turn.turn_id]
+        answered = {m.body.get("toolCallId") for m in messages if m.subtype == "tool-result"}
+        pending = [_Call(str(call.get("id")), str(call.get("name")), dict(call.get("input") or {}), None)
+                   for m in messages if m.subtype == "tool-call"
+                   for call in [m.body.get("toolCall") or {}] if call.get("id") not in answered]
+        self._llm_calls = len({m.body.get("parentId") or m.message_id for m in messages
+                               if m.subtype in ("tool-call", "assistant")})
+        return await self._drive(turn, image, pending=pending)
+
+    async def _drive(self, turn: Turn, image: Image, *, pending: list[_Call] | None) -> Turn:
         model = str(image.config.get("model") or self.options.default_model)
         max_tokens = int(image.config.get("maxTokens") or self.options.max_tokens)
-        turn.model = model
-        turn.tier = self.options.tier
+        turn.model = turn.model or model
         self._turn_id = turn.turn_id
         msg = _Msg()
         end_reason = "completed"
         try:
             await self.history.load()
+            if pending:
+                if await self._run_tools(pending) is None:
+                    self._interrupted = True
+                else:
+                    await self._checkpoint(turn)
             context = self.history.context(turn.turn_id)
-            for _iteration in range(self.options.max_iterations):
-                if self._interrupted:
-                    break
+            while not self._interrupted:
+                if self._llm_calls >= self.options.max_iterations:
+                    raise UpstreamError(
+                        f"The turn stopped after {self.options.max_iterations} model calls "
+                        "(max_tool_iterations).", code="tool_iteration_limit")
+                self._llm_calls += 1
                 msg = _Msg()
                 request = LLMRequest(model=model, messages=context, max_tokens=max_tokens,
                                      system=image.system_prompt, tools=self.tools.schemas())
@@ -134,17 +168,21 @@ class TurnRunner:
                     break
                 if msg.stop_reason != "tool_use" or not msg.calls:
                     break
+                if self._must_escalate(msg.calls):
+                    turn.usage = self._usage
+                    await self._checkpoint(turn)
+                    self.escalated = True
+                    log.info("turn escalates to the container tier", extra={
+                        "turn_id": turn.turn_id, "session_id": turn.session_id,
+                        "tools": sorted({c.name for c in msg.calls})})
+                    return turn
                 context.append({"role": "assistant", "content": self._assistant_blocks(msg)})
-                results = await self._run_tools(msg)
+                results = await self._run_tools(msg.calls)
                 if results is None:  # interrupted while a tool ran
                     break
                 context.append({"role": "user", "content": results})
                 await self._checkpoint(turn)
                 msg = _Msg()
-            else:
-                raise UpstreamError(
-                    f"The turn stopped after {self.options.max_iterations} model calls "
-                    "(max_tool_iterations).", code="tool_iteration_limit")
             if self._interrupted:
                 self._close_message(msg, interrupted=True)
                 end_reason = "interrupted"
@@ -159,13 +197,28 @@ class TurnRunner:
             turn.error_code, turn.error_message = "shutdown", "The server stopped during this turn."
             self.channel.publish("conversation_end", {"reason": "interrupted"})
             self._count(msg)
-            await self._finish(turn, started, msg)
+            await self._finish(turn, msg)
             raise
         except Exception as exc:
             self._count(msg)
             self._fail(turn, msg, exc)
-        await self._finish(turn, started, msg)
+        await self._finish(turn, msg)
         return turn
+
+    async def abandon(self, turn: Turn, exc: AgentVMError) -> Turn:
+        """End an escalated turn that cannot go on (its container tier did not start): the error
+        triple, `turn_response`, and the turn stored failed with the usage it had."""
+        self._turn_id = turn.turn_id
+        self._usage = turn.usage
+        msg = _Msg()
+        self._fail(turn, msg, exc)
+        await self._finish(turn, msg)
+        return turn
+
+    def _must_escalate(self, calls: list[_Call]) -> bool:
+        """In the function tier: does a call of this message need the container's sandbox?"""
+        return self.options.tier == "function" and any(
+            c.result is None and self.tools.needs_sandbox(c.name) for c in calls)
 
     def _count(self, msg: _Msg) -> None:
         """Add an LLM call's usage once, whether it completed, failed or was interrupted."""
@@ -264,9 +317,9 @@ class TurnRunner:
 
     # ---- tools -------------------------------------------------------------------------------
 
-    async def _run_tools(self, msg: _Msg) -> list[JSON] | None:
+    async def _run_tools(self, calls: list[_Call]) -> list[JSON] | None:
         results: list[JSON] = []
-        for call in msg.calls:
+        for call in calls:
             self.channel.publish("tool_executing", {"toolId": call.id, "toolName": call.name, "input": call.input})
             outcome = call.result
             if outcome is None:
@@ -274,6 +327,7 @@ class TurnRunner:
                 if ran is None:
                     return None
                 outcome = ran
+            outcome = fit_result(outcome, self.options.max_result_bytes)
             self.channel.publish("tool_result", {"toolCallId": call.id, "result": outcome.output,
                                                  "isError": outcome.is_error})
             body = msgs.tool_result_message(message_id(), call.id, call.name, outcome.output, outcome.is_error,
@@ -319,12 +373,12 @@ class TurnRunner:
         turn.status = TurnStatus.FAILED
         turn.error_code, turn.error_message = code, text
 
-    async def _finish(self, turn: Turn, started: float, msg: _Msg) -> None:
+    async def _finish(self, turn: Turn, msg: _Msg) -> None:
         usage = turn.usage = self._usage
         cost = cost_of(usage, turn.model or self.options.default_model, markup=self.options.markup)
         turn.list_cost, turn.billed_cost = money_text(cost.list), money_text(cost.billed)
         turn.ended_at = now_ms()
-        duration = int((time.monotonic() - started) * 1000)
+        duration = turn.ended_at - (turn.started_at or turn.ended_at)  # across tiers for an escalated turn
         self.channel.publish("turn_response", {
             "turnId": turn.turn_id, "messageId": msg.message_id, "durationMs": duration,
             "usage": usage.to_wire(), "cost": cost.to_wire(), "model": turn.model, "tier": turn.tier,
@@ -346,6 +400,29 @@ class TurnRunner:
             self.channel.restore_pending(events)
             raise
         self.history.extend(cp.messages)
+
+
+def fit_result(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
+    """The outcome, its output cut so that its JSON text (escapes included) is at most `max_bytes`,
+    with a note saying how much there was. A short last line in brackets (a tool's own note, such as
+    where the whole output was kept) is kept after the cut. Built-in tools send a preview well below
+    the limit; the cut is the guard for every other tool and for previews full of escaped bytes."""
+    text = outcome.output
+    if len(text) * 6 + 2 <= max_bytes or len(orjson.dumps(text)) <= max_bytes:
+        return outcome
+    head, _, last = text.rpartition("\n")
+    tail = f"\n{last}" if head and last.startswith("[") and last.endswith("]") and len(last) <= 512 else ""
+    body = head if tail else text
+    note = f"\n[output truncated: {len(text.encode()):,} bytes in total]{tail}"
+    budget = max_bytes - len(orjson.dumps(note))
+    lo, hi = 0, min(len(body), budget)
+    while lo < hi:  # the longest prefix whose JSON text fits
+        mid = (lo + hi + 1) // 2
+        if len(orjson.dumps(body[:mid])) - 2 <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return ToolOutcome(body[:lo] + note, is_error=outcome.is_error)
 
 
 def _merge_usage(start: Usage, stop: Usage) -> Usage:

@@ -1,8 +1,14 @@
 """The tool seam of the turn engine. Images without tools answer every call with an error result,
-which the model sees and can recover from."""
+which the model sees and can recover from.
+
+Every tool says whether it needs a sandbox (a container's workspace and processes: the built-in
+tools, stdio MCP servers). The function tier offers every tool to the model but runs only those
+that need none; a call of one that does escalates the turn to the container tier (the scheduler).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentvm.drivers.base import ToolOutcome
@@ -13,9 +19,17 @@ if TYPE_CHECKING:
 JSON = dict[str, Any]
 
 
+def unavailable(name: str) -> ToolOutcome:
+    return ToolOutcome(f"Tool '{name}' is not available to this agent.", is_error=True)
+
+
 class ToolRunner(Protocol):
     def schemas(self) -> list[JSON]:
         """Tool definitions given to the model (Anthropic `tools` shape)."""
+        ...
+
+    def needs_sandbox(self, name: str) -> bool:
+        """Whether the tool runs only in the container tier."""
         ...
 
     async def run(self, name: str, input_: JSON) -> ToolOutcome: ...
@@ -27,8 +41,61 @@ class NoTools:
     def schemas(self) -> list[JSON]:
         return []
 
+    def needs_sandbox(self, name: str) -> bool:
+        return False
+
     async def run(self, name: str, input_: JSON) -> ToolOutcome:
-        return ToolOutcome(f"Tool '{name}' is not available to this agent.", is_error=True)
+        return unavailable(name)
+
+
+class CompositeTools:
+    """Several tool sets as one; a name belongs to the first set that offers it."""
+
+    def __init__(self, parts: Sequence[ToolRunner]) -> None:
+        self._schemas: list[JSON] = []
+        self._owner: dict[str, ToolRunner] = {}
+        for part in parts:
+            for schema in part.schemas():
+                name = str(schema["name"])
+                if name not in self._owner:
+                    self._owner[name] = part
+                    self._schemas.append(schema)
+
+    def schemas(self) -> list[JSON]:
+        return self._schemas
+
+    def needs_sandbox(self, name: str) -> bool:
+        part = self._owner.get(name)
+        return part is not None and part.needs_sandbox(name)
+
+    async def run(self, name: str, input_: JSON) -> ToolOutcome:
+        part = self._owner.get(name)
+        return unavailable(name) if part is None else await part.run(name, input_)
+
+
+class SandboxCatalog:
+    """The function tier's view of tools that need a sandbox: their schemas for the model, no way to
+    run them here (a call escalates the turn before `run` is reached)."""
+
+    def __init__(self, schemas: list[JSON]) -> None:
+        self._schemas = schemas
+
+    def schemas(self) -> list[JSON]:
+        return self._schemas
+
+    def needs_sandbox(self, name: str) -> bool:
+        return any(s["name"] == name for s in self._schemas)
+
+    async def run(self, name: str, input_: JSON) -> ToolOutcome:
+        return ToolOutcome(f"Tool '{name}' runs in the container tier only.", is_error=True)
+
+
+class ContainerOnly(NoTools):
+    """The function tier's answer for an image whose tool list is known only inside its container
+    (stdio MCP servers not yet listed there): the turn starts in the container tier."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
 class ToolProvider(Protocol):
@@ -38,7 +105,7 @@ class ToolProvider(Protocol):
 
 
 class NoToolProvider:
-    """A runtime that runs no tools (yet): every image gets `NoTools`."""
+    """A runtime that runs no tools: every image gets `NoTools`."""
 
     async def for_image(self, image: Image) -> ToolRunner:
         return NoTools()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from agentvm.engine.runner import EngineOptions
 from agentvm.engine.tools import NoToolProvider, ToolProvider
-from agentvm.ports import Driver, Fanout, Store
+from agentvm.ports import ContainerTier, Driver, Fanout, Store
 
 
 @dataclass(slots=True)
@@ -16,7 +16,12 @@ class Deps:
     # None where no turn runs (the cloud's `ws_default`: the driver and its key stay unloaded)
     driver: Driver | None
     options: EngineOptions
+    # the function tier's tools: every tool's schema; those that need a sandbox escalate the turn
     tools: ToolProvider = field(default_factory=NoToolProvider)
+    # where escalated turns go on (None: tools that need a sandbox end the turn with an error)
+    container_tier: ContainerTier | None = None
+    # the container tier's tools when this process hosts it (avm serve, the container task's worker)
+    sandbox_tools: ToolProvider | None = None
 
     def llm(self) -> Driver:
         if self.driver is None:

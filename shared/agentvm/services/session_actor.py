@@ -11,9 +11,9 @@ from collections import deque
 from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Turn, TurnStatus
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.history import SessionHistory
-from agentvm.engine.runner import TurnRunner
 from agentvm.ids import now_ms
 from agentvm.services.deps import Deps
+from agentvm.services.turn_scheduler import ScheduledTurn
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class SessionActor:
         self.send_lock = asyncio.Lock()
         self.history = SessionHistory(deps.store, image.tenant_id, image.session_id)
         self._queue: deque[Turn] = deque()
-        self._runner: TurnRunner | None = None
+        self._runner: ScheduledTurn | None = None
         self._task: asyncio.Task[None] | None = None
         self.last_used = time.monotonic()
 
@@ -87,11 +87,8 @@ class SessionActor:
     async def _drain(self) -> None:
         while self._queue:
             turn = self._queue.popleft()
-            d = self.deps
             try:
-                tools = await d.tools.for_image(self.image)
-                self._runner = TurnRunner(store=d.store, driver=d.llm(), channel=self.channel, tools=tools,
-                                          options=d.options, history=self.history)
+                self._runner = ScheduledTurn(self.deps, self.channel, self.history)
                 await self._runner.run(turn, self.image)
             except asyncio.CancelledError:
                 raise

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from agentvm.domain.models import Checkpoint, Image, LeaseState, Turn, TurnStatus
 from agentvm.engine.channel import SEQ_BLOCK, SessionChannel
 from agentvm.engine.history import SessionHistory
-from agentvm.engine.runner import TurnRunner
 from agentvm.ports import LeasedFanout, SessionLeases
 from agentvm.services.deps import Deps
 from agentvm.services.leased_sessions import LEASE_TTL_MS
 from agentvm.services.sessions import session_context
+from agentvm.services.turn_scheduler import ScheduledTurn
 from agentvm.services.user_turns import announce
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ class _Run:
     announced: set[tuple[str, str]] = field(default_factory=set)
     interrupts: int = 0
     lost: bool = False
+    handed_off: bool = False  # a turn went on in the container tier: its task takes the session on
+    next_seq: int | None = None  # the first seq not used (the next holder continues there)
 
 
 class SessionWorker:
@@ -69,7 +71,7 @@ class SessionWorker:
                 ran += await self._tenure(tenant_id, session_id, run)
             finally:
                 rest = await self._release(tenant_id, session_id, run)
-            if rest is None or not rest.has_work:
+            if rest is None or not rest.has_work or run.handed_off:
                 return ran
 
     async def _tenure(self, tenant_id: str, session_id: str, run: _Run) -> list[Turn]:
@@ -93,7 +95,11 @@ class SessionWorker:
         await self._announce(channel, state.announce, run)
         ran: list[Turn] = []
         for turn in turns:
-            if turn.status != TurnStatus.QUEUED:
+            escalated = turn.status == TurnStatus.RUNNING and turn.tier == "container"
+            if escalated and self.deps.sandbox_tools is None:
+                run.handed_off = True  # the container task resumes it, then runs the turns after it
+                break
+            if turn.status != TurnStatus.QUEUED and not escalated:
                 run.done.add(turn.turn_id)  # finished by an invocation that died before its release
                 continue
             if run.lost:
@@ -110,29 +116,35 @@ class SessionWorker:
             await self._settle_interrupts(tenant_id, session_id, run)
             # read afresh: messages queued by ws_default since the last turn are part of the context
             history = SessionHistory(store, tenant_id, session_id)
-            await self._run_turn(turn, image, channel, history, run)
-            run.done.add(turn.turn_id)
+            scheduled = await self._run_turn(turn, image, channel, history, run, resume=escalated)
             ran.append(turn)
+            if scheduled.handed_off:
+                run.handed_off = True
+                break
+            run.done.add(turn.turn_id)
         # events published outside a turn (announcements with nothing left to run)
         leftover = channel.take_pending()
         if leftover:
             await store.commit(Checkpoint(tenant_id, session_id, events=leftover))
+        run.next_seq = channel.next_seq
         return ran
 
     async def _run_turn(self, turn: Turn, image: Image, channel: SessionChannel, history: SessionHistory,
-                        run: _Run) -> None:
-        d = self.deps
-        runner = TurnRunner(store=d.store, driver=d.llm(), channel=channel, tools=await d.tools.for_image(image),
-                            options=d.options, history=history)
-        watcher = asyncio.get_running_loop().create_task(self._watch(runner, turn, image, channel, run))
+                        run: _Run, *, resume: bool) -> ScheduledTurn:
+        scheduled = ScheduledTurn(self.deps, channel, history)
+        watcher = asyncio.get_running_loop().create_task(self._watch(scheduled, turn, image, channel, run))
         try:
-            await runner.run(turn, image)
+            if resume:
+                await scheduled.resume(turn, image)
+            else:
+                await scheduled.run(turn, image)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+        return scheduled
 
-    async def _watch(self, runner: TurnRunner, turn: Turn, image: Image, channel: SessionChannel,
+    async def _watch(self, runner: ScheduledTurn, turn: Turn, image: Image, channel: SessionChannel,
                      run: _Run) -> None:
         tenant_id, session_id = turn.tenant_id, turn.session_id
         renewed = time.monotonic()
@@ -199,4 +211,4 @@ class SessionWorker:
         await self.fanout.drain()
         served = state.pending_subs | self.fanout.served.get(session_id, set())
         return await self.leases.release(tenant_id, session_id, self.owner, done=run.done,
-                                         announced=run.announced, served=served)
+                                         announced=run.announced, served=served, next_seq=run.next_seq)

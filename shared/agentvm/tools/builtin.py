@@ -133,6 +133,9 @@ class BuiltinTools:
     def schemas(self) -> list[JSON]:
         return self.definitions(self.enabled)
 
+    def needs_sandbox(self, name: str) -> bool:
+        return name in self.enabled
+
     async def run(self, name: str, input_: JSON) -> ToolOutcome:
         if name not in self.enabled:
             return ToolOutcome(f"Tool '{name}' is not available to this agent.", is_error=True)
@@ -238,18 +241,20 @@ class BuiltinTools:
 
 
 def _bash_text(result: ProcessResult, limits: Limits) -> str:
+    """Status and notes first (a preview of a long output keeps them), then stdout, then stderr."""
     out = result.stdout.decode("utf-8", errors="replace")
     err = result.stderr.decode("utf-8", errors="replace")
-    parts = []
+    parts = ["killed" if result.exit_code is None else f"exit code {result.exit_code}"]
+    if result.killed == "timeout":
+        parts.append(f"[killed: the command ran longer than {limits.timeout_s:g} s]")
+    elif result.killed == "output_limit":
+        parts.append(f"[killed: the command wrote more than {limits.output_kill_at:,} bytes]")
+    elif result.killed is not None:
+        parts.append(f"[killed: {result.killed}]")
+    if result.truncated:
+        parts.append(f"[output: {result.output_bytes:,} bytes written, only the first {limits.output_bytes:,} kept]")
     if out:
         parts.append(out.rstrip("\n"))
     if err:
         parts.append(f"[stderr]\n{err.rstrip(chr(10))}")
-    if result.truncated:
-        parts.append(f"[output: {result.output_bytes:,} bytes written, only the first {limits.output_bytes:,} kept]")
-    if result.killed == "timeout":
-        parts.append(f"[killed: the command ran longer than {limits.timeout_s:g} s]")
-    elif result.killed is not None:
-        parts.append(f"[killed: {result.killed}]")
-    status = "killed" if result.exit_code is None else f"exit code {result.exit_code}"
-    return "\n".join([status, *parts])
+    return "\n".join(parts)

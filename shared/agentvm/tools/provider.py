@@ -7,7 +7,9 @@ containers of the same id never share files. The process runner is chosen by the
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +20,10 @@ from agentvm.engine.tools import NoTools, ToolRunner
 from agentvm.ports import ProcessRunner
 from agentvm.sandbox.limits import Limits
 from agentvm.sandbox.runtime import Runtime, tool_env
+from agentvm.sandbox.uids import ToolUids, hand_over
 from agentvm.sandbox.workspace import Workspace
 from agentvm.tools.builtin import DEFAULT_PREVIEW_BYTES, JSON, BuiltinTools
+from agentvm.tools.catalog import enabled_builtins
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,9 @@ class UnavailableTools:
     def schemas(self) -> list[JSON]:
         return self._schemas
 
+    def needs_sandbox(self, name: str) -> bool:
+        return True
+
     async def run(self, name: str, input_: JSON) -> ToolOutcome:
         return ToolOutcome(f"{name}: {self.reason}", is_error=True)
 
@@ -48,22 +55,42 @@ class WorkspaceTools:
     """`ToolProvider` for runtimes that run tools next to the engine (`avm serve`, the container tier)."""
 
     def __init__(self, base: Path, process_for: Callable[[Path], ProcessRunner], *, limits: Limits | None = None,
-                 preview_bytes: int = DEFAULT_PREVIEW_BYTES) -> None:
+                 preview_bytes: int = DEFAULT_PREVIEW_BYTES, uids: ToolUids | None = None) -> None:
         self.base = base
         self.process_for = process_for
         self.limits = limits or Limits()
         self.preview_bytes = preview_bytes
+        # as root: each container's tools run as its own uid (default: a registry under `base`)
+        self.uids = uids if uids is not None else ToolUids(base / "tool-uids.json")
 
     async def for_image(self, image: Image) -> ToolRunner:
-        enabled = tuple(str(t) for t in image.config.get("tools") or ())
+        enabled = enabled_builtins(image)
         if not enabled:
             return NoTools()
         root = workspace_dir(self.base, image.tenant_id, image.container_id)
         try:
-            workspace = await Workspace.open(root)
+            owner = await self._owner(image, root)
+            workspace = await Workspace.open(root, owner=owner)
         except OSError as exc:
             log.error("workspace unavailable", extra={"container_id": image.container_id, "error": str(exc)})
             return UnavailableTools(BuiltinTools.definitions(enabled),
                                     "the container's workspace is unavailable on the server")
         runtime = Runtime(workspace, self.process_for(workspace.root), env=tool_env(str(workspace.root)))
         return BuiltinTools(runtime, enabled, limits=self.limits, preview_bytes=self.preview_bytes)
+
+    async def _owner(self, image: Image, root: Path) -> tuple[int, int] | None:
+        """The container's own (uid, gid) when the server runs as root, else None (tools run as us)."""
+        if os.geteuid() != 0:
+            return None
+        uid = await self.uids.uid_for(f"{image.tenant_id}/{image.container_id}")
+        owner = (uid, uid)
+        try:
+            st = os.lstat(root)
+        except FileNotFoundError:
+            return owner
+        if (st.st_uid, st.st_gid) != owner and st.st_uid != 0:
+            # made before containers had their own uid (they shared nobody): hand its files over
+            changed = await asyncio.to_thread(hand_over, root, (st.st_uid, st.st_gid), owner)
+            log.info("workspace handed to its container's uid",
+                     extra={"container_id": image.container_id, "uid": uid, "entries": changed})
+        return owner

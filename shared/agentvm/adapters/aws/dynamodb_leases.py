@@ -42,10 +42,10 @@ class DynamoDBLeases:
         return int(clock() * 1000)
 
     async def _update(self, tenant_id: str, session_id: str, expression: str, values: Item,
-                      condition: str | None) -> Item | None:
+                      condition: str | None, *, returns: str = "ALL_NEW") -> Item | None:
         params: dict[str, Any] = {
             "TableName": self.store.table_name, "Key": _key(_session_pk(tenant_id, session_id), "SESS"),
-            "UpdateExpression": expression, "ExpressionAttributeValues": values, "ReturnValues": "ALL_NEW"}
+            "UpdateExpression": expression, "ExpressionAttributeValues": values, "ReturnValues": returns}
         if condition:
             params["ConditionExpression"] = condition
         try:
@@ -59,21 +59,30 @@ class DynamoDBLeases:
 
     async def acquire(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
                       seq_block: int) -> LeaseState | None:
+        # ALL_OLD: the state before this write. The sets are unchanged by it; the seq block is
+        # computed from the old counter, and a `resume_seq` left by a clean release (no lease owner
+        # any more) continues the session's seqs without a gap. After an expired lease (its holder
+        # died) the new block starts above everything reserved: that holder may have used any of it.
         now = self._now_ms()
         evlog = _evlog_keys(tenant_id, session_id)
-        attrs = await self._update(
+        old = await self._update(
             tenant_id, session_id,
-            "SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk ADD seq_reserved :b",
+            "SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk ADD seq_reserved :b REMOVE resume_seq",
             {":o": _s(owner), ":u": _n(now + ttl_ms), ":now": _n(now), ":b": _n(seq_block),
              ":spk": evlog["SPK"], ":ssk": evlog["SSK"]},
             "attribute_exists(PK) AND (attribute_not_exists(lease_until) OR lease_until < :now "
-            "OR lease_owner = :o)")
-        if attrs is None:
+            "OR lease_owner = :o)", returns="ALL_OLD")
+        if old is None:
             return None
-        until = int(attrs["seq_reserved"]["N"])
-        if seq_block > 0:
-            return _state(attrs, now, first_seq=until - seq_block + 1, last_seq=until)
-        return _state(attrs, now)
+        before = int(old["seq_reserved"]["N"]) if "seq_reserved" in old else 0
+        attrs = {**old, "lease_owner": _s(owner), "lease_until": _n(now + ttl_ms)}
+        if seq_block <= 0:
+            return _state(attrs, now)
+        first = before + 1
+        resume = old.get("resume_seq")
+        if resume is not None and "lease_owner" not in old and int(resume["N"]) <= before:
+            first = int(resume["N"])
+        return _state(attrs, now, first_seq=first, last_seq=before + seq_block)
 
     async def renew(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> LeaseState | None:
         now = self._now_ms()
@@ -83,11 +92,14 @@ class DynamoDBLeases:
 
     async def release(self, tenant_id: str, session_id: str, owner: str, *, queue: str | None = None,
                       done: Collection[str] = (), announced: Collection[tuple[str, str]] = (),
-                      served: Collection[str] = ()) -> LeaseState | None:
+                      served: Collection[str] = (), next_seq: int | None = None) -> LeaseState | None:
         if queue is not None and done:
             raise ValueError("release: queue and done cannot change the queue in the same write")
         values: Item = {":o": _s(owner)}
         expression = "REMOVE lease_owner, lease_until"
+        if next_seq is not None:
+            expression = "SET resume_seq = :ns " + expression
+            values[":ns"] = _n(next_seq)
         if queue is not None:
             expression += " ADD queued :q"
             values[":q"] = {"SS": [queue]}

@@ -1,0 +1,89 @@
+"""The scheduler: a turn runs in the cheapest tier that can run it.
+
+A turn starts in the function tier. When the model calls a tool that needs a sandbox, the runner
+stores everything up to that call (`TurnRunner.escalated`) and the turn goes on in the container tier:
+here, in this process, when the runtime hosts sandboxes (`avm serve`: `Deps.sandbox_tools`), or by
+starting the container's task (the cloud: the `ContainerTier` port; the worker resumes the turn from
+the store under the session's lease). An image whose tools are known only inside its container
+(`ContainerOnly`) starts in the container tier. Either way the turn keeps one gap-free seq order: the
+container tier publishes on the session channel where the function tier stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from agentvm.domain.models import Checkpoint, Image, Turn, TurnStatus
+from agentvm.engine.channel import SessionChannel
+from agentvm.engine.history import SessionHistory
+from agentvm.engine.runner import TurnRunner
+from agentvm.engine.tools import ContainerOnly, ToolRunner
+from agentvm.errors import AgentVMError, ContainerUnavailable
+from agentvm.ids import now_ms
+from agentvm.services.deps import Deps
+
+log = logging.getLogger(__name__)
+
+
+class ScheduledTurn:
+    """One turn through the tiers; `interrupt` reaches whichever runner is current."""
+
+    def __init__(self, deps: Deps, channel: SessionChannel, history: SessionHistory) -> None:
+        self.deps = deps
+        self.channel = channel
+        self.history = history
+        self.runner: TurnRunner | None = None
+        self._interrupted = False
+        self.handed_off = False  # the turn goes on in a container task (cloud): not finished here
+
+    def interrupt(self) -> None:
+        self._interrupted = True
+        if self.runner is not None:
+            self.runner.interrupt()
+
+    def _new_runner(self, tools: ToolRunner, tier: str) -> TurnRunner:
+        d = self.deps
+        options = d.options if d.options.tier == tier else dataclasses.replace(d.options, tier=tier)
+        runner = TurnRunner(store=d.store, driver=d.llm(), channel=self.channel, tools=tools, options=options,
+                            history=self.history)
+        if self._interrupted:
+            runner.interrupt()
+        self.runner = runner
+        return runner
+
+    async def run(self, turn: Turn, image: Image) -> Turn:
+        """Run a queued turn, from the function tier."""
+        tools = await self.deps.tools.for_image(image)
+        if not isinstance(tools, ContainerOnly):
+            runner = self._new_runner(tools, "function")
+            await runner.run(turn, image)
+            if not runner.escalated:
+                return turn
+        else:
+            log.info("turn starts in the container tier", extra={"turn_id": turn.turn_id, "reason": tools.reason})
+            turn.status, turn.started_at, turn.tier = TurnStatus.RUNNING, now_ms(), "container"
+            await self.deps.store.commit(Checkpoint(turn.tenant_id, turn.session_id, turns=[turn]))
+        return await self._escalate(turn, image)
+
+    async def resume(self, turn: Turn, image: Image) -> Turn:
+        """Continue an escalated turn in this process's container tier."""
+        sandbox = self.deps.sandbox_tools
+        if sandbox is None:
+            raise RuntimeError("this runtime hosts no sandboxes: it cannot resume a container-tier turn")
+        return await self._new_runner(await sandbox.for_image(image), "container").resume(turn, image)
+
+    async def _escalate(self, turn: Turn, image: Image) -> Turn:
+        tier = self.deps.container_tier
+        try:
+            if tier is None:
+                raise ContainerUnavailable("This runtime has no container tier: tools that need a sandbox "
+                                           "cannot run.")
+            await tier.start(turn.tenant_id, turn.container_id, turn.session_id)
+        except AgentVMError as exc:
+            log.error("container tier did not start", extra={"turn_id": turn.turn_id, "error_code": exc.code})
+            return await self._new_runner(ContainerOnly(exc.message), "function").abandon(turn, exc)
+        if self.deps.sandbox_tools is None:
+            self.handed_off = True
+            return turn
+        return await self.resume(turn, image)
