@@ -67,6 +67,16 @@ class Settings(BaseSettings):
     chat_turn_function: str | None = Field(None, description="ARN or name of the chat_turn function alias.")
     llm_secret_arn: str | None = Field(None, description="Secrets Manager secret holding the LLM key.")
     config_path: str | None = Field(None, description="SSM parameter path of the runtime configuration.")
+    ecs_cluster: str | None = Field(None, description="ECS cluster of the container tier (unset: no container tier).")
+    ecs_task_definition: str | None = Field(None, description="Task definition of the container tier's worker.")
+    ecs_subnets: str = Field("", description="Comma-separated subnets for worker tasks (public: no NAT gateway).")
+    ecs_security_groups: str = Field("", description="Comma-separated security groups for worker tasks.")
+    ecs_container_name: str = Field("worker", description="The worker's container name in the task definition.")
+    ecs_endpoint_url: str | None = Field(None, description="Override of the ECS endpoint (tests).")
+    worker_tenant_id: str | None = Field(None, description="The container task's tenant (set by RunTask).")
+    worker_container_id: str | None = Field(None, description="The container task's container (set by RunTask).")
+    worker_idle_s: float = Field(90.0, gt=0, description="A container task exits after this long without work.")
+    worker_heartbeat_ttl_s: int = Field(60, ge=10, description="How long a container task's heartbeat holds.")
     aws_endpoint_url: str | None = Field(None, description=(
         "Endpoint override for DynamoDB/S3/Lambda (moto or LocalStack in tests); unset in AWS."))
     lambda_endpoint_url: str | None = Field(None, description=(

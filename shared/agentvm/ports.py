@@ -93,7 +93,8 @@ class SessionLeases(Protocol):
     async def acquire(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
                       seq_block: int) -> LeaseState | None:
         """The lease (free, expired, or already `owner`'s) with a reserved block of seqs, or None
-        when another owner holds it or the session does not exist."""
+        when another owner holds it or the session does not exist. The block starts at the seq the
+        last holder handed on at its release (`next_seq`), else above everything reserved."""
         ...
 
     async def renew(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> LeaseState | None:

@@ -62,9 +62,9 @@ async def test_lease_is_exclusive_reentrant_and_expires(store: DynamoDBStore, le
     assert seqs(await leases.acquire("t1", "s1", "turn-C", 30_000, seq_block=10)) == (211, 220)
     # seqs from the lease and from reserve_seqs never overlap
     assert await store.reserve_seqs("t1", "s1", 10) == (221, 230)
-    # a lease taken only to read (a replay) reserves no seq
+    # a lease taken only to read (a replay) reserves no seq: an empty block (first above last)
     await leases.release("t1", "s1", "turn-C")
-    assert seqs(await leases.acquire("t1", "s1", "ws-D", 30_000, seq_block=0)) == (0, 0)
+    assert seqs(await leases.acquire("t1", "s1", "ws-D", 30_000, seq_block=0)) == (231, 230)
     assert await store.reserve_seqs("t1", "s1", 10) == (231, 240)
 
 

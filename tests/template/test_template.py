@@ -327,8 +327,21 @@ def test_every_function_has_a_log_group_with_retention() -> None:
 
 def test_no_vpc_nat_or_always_on_capacity() -> None:
     types = {r["Type"] for r in _resources().values()}
-    assert not {t for t in types if t.startswith("AWS::EC2::")}, "no VPC, no NAT gateway"
+    # The container tier's network only (free parts): public subnets, an internet gateway, gateway
+    # endpoints; no NAT gateway, no elastic IP, no interface endpoint (each billed by the hour).
+    free_network = {"AWS::EC2::VPC", "AWS::EC2::Subnet", "AWS::EC2::InternetGateway", "AWS::EC2::VPCGatewayAttachment",
+                    "AWS::EC2::RouteTable", "AWS::EC2::Route", "AWS::EC2::SubnetRouteTableAssociation",
+                    "AWS::EC2::SecurityGroup", "AWS::EC2::VPCEndpoint"}
+    for name, resource in _resources().items():
+        if resource["Type"].startswith("AWS::EC2::"):
+            assert resource["Type"] in free_network, name
+            assert resource.get("Condition") == "HasWorkerImage", name
+            if resource["Type"] == "AWS::EC2::VPCEndpoint":
+                assert resource["Properties"]["VpcEndpointType"] == "Gateway", name
     assert "AWS::EC2::NatGateway" not in types
+    # ECS: a cluster and a task definition; tasks are started on demand (no service, no instances)
+    assert not types & {"AWS::ECS::Service", "AWS::AutoScaling::AutoScalingGroup", "AWS::EC2::Instance",
+                        "AWS::ECS::CapacityProvider"}
     forbidden = {"ProvisionedConcurrencyConfig", "ProvisionedConcurrentExecutions", "ProvisionedThroughput",
                  "ReservedConcurrentExecutions", "VpcConfig"}
     assert not [key for key, _ in _walk(_template()) if key in forbidden]
@@ -548,3 +561,18 @@ def test_outputs() -> None:
     assert _text(outputs["HttpApiUrl"]["Value"]).startswith("https://${HttpApi}.execute-api.")
     assert outputs["TableName"]["Value"] == {"Ref": "Table"}
     assert outputs["BucketName"]["Value"] == {"Ref": "Bucket"}
+
+
+def test_chat_turn_may_only_start_the_worker_task() -> None:
+    policy = _resource("ChatTurnContainerTierPolicy")
+    assert policy["Condition"] == "HasWorkerImage"
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert {s["Sid"]: s["Action"] for s in statements} == {
+        "StartWorkerTasks": "ecs:RunTask", "TagWorkerTasks": "ecs:TagResource", "PassWorkerRoles": "iam:PassRole"}
+    by_sid = {s["Sid"]: s for s in statements}
+    assert by_sid["StartWorkerTasks"]["Resource"] == {"Ref": "WorkerTaskDefinition"}
+    assert by_sid["PassWorkerRoles"]["Condition"] == {
+        "StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
+    task = _resource("WorkerTaskDefinition")["Properties"]
+    assert task["RuntimePlatform"]["CpuArchitecture"] == "ARM64"
+    assert task["RequiresCompatibilities"] == ["FARGATE"]

@@ -15,7 +15,7 @@ import asyncio
 import functools
 import threading
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -35,11 +35,15 @@ from agentvm.errors import InvalidRequest
 from agentvm.ports import Driver
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agentvm.adapters.aws.cloud_fanout import CloudFanout
+    from agentvm.adapters.aws.ecs_tasks import EcsContainerTier
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
     from agentvm.services.deps import Deps
     from agentvm.services.session_worker import SessionWorker
+    from agentvm.worker.container_worker import ContainerWorker
 
 T = TypeVar("T")
 
@@ -120,6 +124,20 @@ class CloudRuntime:
                                 region_name=s.aws_region)
 
     @functools.cached_property
+    def container_tier(self) -> EcsContainerTier | None:
+        """The ECS container tier, when the deployment has one (template.yaml: WorkerImageUri)."""
+        s = self.settings
+        if not s.ecs_cluster or not s.ecs_task_definition:
+            return None
+        from agentvm.adapters.aws.clients import LazyClient
+        from agentvm.adapters.aws.ecs_tasks import EcsContainerTier
+
+        ecs = LazyClient("ecs", endpoint_url=s.ecs_endpoint_url or s.aws_endpoint_url, region_name=s.aws_region)
+        return EcsContainerTier(self.store, ecs, cluster=s.ecs_cluster, task_definition=s.ecs_task_definition,
+                                subnets=_csv(s.ecs_subnets), security_groups=_csv(s.ecs_security_groups),
+                                container_name=s.ecs_container_name, heartbeat_ttl_s=s.worker_heartbeat_ttl_s)
+
+    @functools.cached_property
     def secrets(self) -> SecretValues:
         return SecretValues(endpoint_url=self.settings.aws_endpoint_url, region_name=self.settings.aws_region)
 
@@ -137,16 +155,19 @@ class CloudRuntime:
             self._driver = build_driver(s, key)
         return self._driver
 
-    def options(self, driver: Driver | None) -> EngineOptions:
+    def options(self, driver: Driver | None, *, tier: str = "function") -> EngineOptions:
         from agentvm.engine.runner import EngineOptions
 
         s = self.settings
         model = "scripted" if driver is not None and driver.name == "scripted" else s.llm_model
         return EngineOptions(default_model=model, max_tokens=s.llm_max_tokens, flush_ms=s.stream_flush_ms,
                              max_flush_ms=s.stream_max_flush_ms, max_iterations=s.max_tool_iterations,
-                             tier="function")
+                             tier=tier)
 
-    def invocation(self, tenant_id: str, *, role: str, driver: Driver | None = None) -> Invocation:
+    def invocation(self, tenant_id: str, *, role: str, driver: Driver | None = None,
+                   workspaces: Path | None = None) -> Invocation:
+        """`workspaces`: the container task's base directory of workspaces (the worker runs turns in
+        the container tier); otherwise turns run in the function tier and escalate to `container_tier`."""
         # imported here: $connect and $disconnect never load the engine (ws_default and chat_turn
         # load it at init through their own imports)
         from agentvm.adapters.aws.cloud_fanout import CloudFanout
@@ -163,7 +184,59 @@ class CloudRuntime:
         owner = f"{role}:{uuid.uuid4().hex}"
         fanout = CloudFanout(gateway=self.gateway, registry=self.registry, tenant_id=tenant_id, replay_source=replay,
                              head_source=head)
-        return Invocation(owner, fanout, Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver)))
+        if workspaces is not None:
+            sandbox = self._sandbox_tools(workspaces)
+            deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver, tier="container"),
+                        tools=sandbox, sandbox_tools=sandbox)
+        elif driver is not None and self.container_tier is not None:
+            from agentvm.tools.catalog import BuiltinCatalog
+
+            deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver),
+                        tools=BuiltinCatalog(), container_tier=self.container_tier)
+        else:  # no container tier: images get no sandbox tools (docs/cloud-design.md)
+            deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver))
+        return Invocation(owner, fanout, deps)
+
+    def _sandbox_tools(self, workspaces: Path) -> Any:
+        import functools as ft
+
+        from agentvm.adapters.local.local_process import LocalProcessRunner
+        from agentvm.sandbox.limits import Limits
+        from agentvm.tools.provider import WorkspaceTools
+
+        s = self.settings
+        return WorkspaceTools(workspaces, ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation),
+                              limits=Limits(timeout_s=s.tool_timeout_s), preview_bytes=s.tool_preview_bytes)
+
+    def container_worker(self, tenant_id: str, container_id: str, task_id: str, *, driver: Driver,
+                         workspaces: Path) -> ContainerWorker:
+        """The container task's worker for one container (`python -m agentvm.worker`)."""
+        from agentvm.adapters.aws.ecs_tasks import ContainerTaskRecord
+        from agentvm.services.session_worker import SessionWorker
+        from agentvm.tools.provider import workspace_dir
+        from agentvm.worker.container_worker import ContainerWorker, WorkerOptions
+
+        s = self.settings
+        if not s.bucket:
+            raise InvalidRequest("AVM_BUCKET is not set: the worker keeps workspaces in S3", field="bucket")
+        blobs = S3BlobStore(s.bucket, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region)
+        sync = _LazyS3Workspace(blobs, tenant_id, container_id)
+        fanouts: list[CloudFanout] = []
+
+        def session_worker(before_release: Callable[[str], Awaitable[None]]) -> SessionWorker:
+            inv = self.invocation(tenant_id, role="worker", driver=driver, workspaces=workspaces)
+            fanouts.append(inv.fanout)
+            return SessionWorker(inv.deps, fanout=inv.fanout, leases=self.leases, owner=task_id,
+                                 before_release=before_release)
+
+        async def session_exists(session_id: str) -> bool:
+            return await self.store.get_session(tenant_id, session_id) is not None
+
+        record = ContainerTaskRecord(self.store, tenant_id, container_id, task_id)
+        return ContainerWorker(tenant_id=tenant_id, container_id=container_id, record=record, sync=sync,
+                               workspace=workspace_dir(workspaces, tenant_id, container_id),
+                               session_worker=session_worker, session_exists=session_exists,
+                               options=WorkerOptions(idle_s=s.worker_idle_s, heartbeat_ttl_s=s.worker_heartbeat_ttl_s))
 
     def router(self, invocation: Invocation) -> CommandRouter:
         """`ws_default`: the AgentX command router over the services, sessions hosted by lease.
@@ -180,6 +253,34 @@ class CloudRuntime:
         from agentvm.services.session_worker import SessionWorker
 
         return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner)
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+class _LazyS3Workspace:
+    """The container's `S3Workspace` over the runtime's S3 client, created at first use."""
+
+    def __init__(self, blobs: S3BlobStore, tenant_id: str, container_id: str) -> None:
+        self.blobs = blobs
+        self.tenant_id = tenant_id
+        self.container_id = container_id
+        self._ws: Any = None
+
+    async def _get(self) -> Any:
+        if self._ws is None:
+            from agentvm.adapters.aws.s3_workspace import S3Workspace
+
+            self._ws = S3Workspace.for_container(self.blobs.bucket, self.tenant_id, self.container_id,
+                                                 await self.blobs.s3())
+        return self._ws
+
+    async def pull(self, local_dir: Path) -> int:
+        return int(await (await self._get()).pull(local_dir))
+
+    async def push(self, local_dir: Path) -> object:
+        return await (await self._get()).push(local_dir)
 
 
 def runtime() -> CloudRuntime:

@@ -169,7 +169,7 @@ class TurnRunner:
                 if msg.stop_reason != "tool_use" or not msg.calls:
                     break
                 if self._must_escalate(msg.calls):
-                    turn.usage = self._usage
+                    turn.usage, turn.tier = self._usage, "container"
                     await self._checkpoint(turn)
                     self.escalated = True
                     log.info("turn escalates to the container tier", extra={

@@ -83,7 +83,7 @@ class LeasedSessions:
                 await self.leases.release(p.tenant_id, sid, self.owner)
                 raise
             held.release()
-            await self._release(p.tenant_id, sid, state, queue=new.turn.turn_id)
+            await self._release(p.tenant_id, sid, state, channel.next_seq, queue=new.turn.turn_id)
         await self.fanout.drain()  # the requester's subscription is recorded before chat_turn reads it
         await self.dispatcher.start_turns(p.tenant_id, sid)
         return new.turn
@@ -126,7 +126,7 @@ class LeasedSessions:
         except BaseException:
             await self.leases.release(t, sid, self.owner)
             raise
-        await self._release(t, sid, state, done=state.queued, announced=state.announce)
+        await self._release(t, sid, state, channel.next_seq, done=state.queued, announced=state.announce)
 
     async def subscribe(self, tenant_id: str, connection_id: str, session_id: str, after_seq: int | None) -> None:
         store = self.deps.store
@@ -152,7 +152,7 @@ class LeasedSessions:
         except BaseException:
             await self.leases.release(tenant_id, session_id, self.owner)
             raise
-        await self._release(tenant_id, session_id, state)
+        await self._release(tenant_id, session_id, state, state.first_seq)
 
     async def forget(self, image: Image) -> None:
         await self.leases.request_interrupt(image.tenant_id, image.session_id)
@@ -168,16 +168,17 @@ class LeasedSessions:
                               session_id=image.session_id, context=session_context(image, agent_id),
                               first_seq=state.first_seq, reserved_until=state.last_seq, block=block)
 
-    async def _release(self, tenant_id: str, session_id: str, state: LeaseState, *, queue: str | None = None,
-                       done: frozenset[str] = frozenset(),
+    async def _release(self, tenant_id: str, session_id: str, state: LeaseState, next_seq: int, *,
+                       queue: str | None = None, done: frozenset[str] = frozenset(),
                        announced: frozenset[tuple[str, str]] = frozenset()) -> None:
-        """Serve owed replays, wait for delivery, release; leftover work goes to `chat_turn`."""
+        """Serve owed replays, wait for delivery, release (handing `next_seq` on: the session's seqs
+        stay gap-free); leftover work goes to `chat_turn`."""
         if state.pending_subs:
             self.fanout.serve_pending(session_id)
         await self.fanout.drain()
         served = state.pending_subs | self.fanout.served.get(session_id, set())
         rest = await self.leases.release(tenant_id, session_id, self.owner, queue=queue, done=done,
-                                         announced=announced, served=served)
+                                         announced=announced, served=served, next_seq=next_seq)
         if rest is not None and rest.has_work and queue is None:
             await self.dispatcher.start_turns(tenant_id, session_id)
 

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from agentvm.domain.models import Checkpoint, Image, LeaseState, Turn, TurnStatus
@@ -50,22 +51,30 @@ class _Run:
 
 
 class SessionWorker:
+    """`before_release(session_id)`: called while the lease is still held, just before each release
+    (the container task's worker marks the session handled there; see agentvm/worker)."""
+
     def __init__(self, deps: Deps, *, fanout: LeasedFanout, leases: SessionLeases, owner: str,
-                 poll_s: float = 0.25, renew_s: float = 20.0) -> None:
+                 poll_s: float = 0.25, renew_s: float = 20.0,
+                 before_release: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.deps = deps
         self.fanout = fanout
         self.leases = leases
         self.owner = owner
         self.poll_s = poll_s
         self.renew_s = renew_s
+        self.before_release = before_release
+        self.acquired = False  # whether the last `run` got the lease at least once
 
     async def run(self, tenant_id: str, session_id: str) -> list[Turn]:
         """Run every queued turn of the session; returns the turns this invocation ran."""
         ran: list[Turn] = []
+        self.acquired = False
         while True:
             state = await self.leases.acquire(tenant_id, session_id, self.owner, LEASE_TTL_MS, SEQ_BLOCK)
             if state is None:
                 return ran  # another invocation publishes; its release-then-recheck covers our work
+            self.acquired = True
             run = _Run(state, interrupts=state.interrupts)
             try:
                 ran += await self._tenure(tenant_id, session_id, run)
@@ -210,5 +219,7 @@ class SessionWorker:
         self.fanout.serve_pending(session_id)
         await self.fanout.drain()
         served = state.pending_subs | self.fanout.served.get(session_id, set())
+        if self.before_release is not None:
+            await self.before_release(session_id)
         return await self.leases.release(tenant_id, session_id, self.owner, done=run.done,
                                          announced=run.announced, served=served, next_seq=run.next_seq)

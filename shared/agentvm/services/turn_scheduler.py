@@ -53,10 +53,11 @@ class ScheduledTurn:
         return runner
 
     async def run(self, turn: Turn, image: Image) -> Turn:
-        """Run a queued turn, from the function tier."""
+        """Run a queued turn, from the function tier (or in the container tier, where this process is
+        one: the container task's worker)."""
         tools = await self.deps.tools.for_image(image)
         if not isinstance(tools, ContainerOnly):
-            runner = self._new_runner(tools, "function")
+            runner = self._new_runner(tools, self.deps.options.tier)
             await runner.run(turn, image)
             if not runner.escalated:
                 return turn

@@ -76,13 +76,13 @@ class DynamoDBLeases:
             return None
         before = int(old["seq_reserved"]["N"]) if "seq_reserved" in old else 0
         attrs = {**old, "lease_owner": _s(owner), "lease_until": _n(now + ttl_ms)}
-        if seq_block <= 0:
-            return _state(attrs, now)
         first = before + 1
         resume = old.get("resume_seq")
         if resume is not None and "lease_owner" not in old and int(resume["N"]) <= before:
             first = int(resume["N"])
-        return _state(attrs, now, first_seq=first, last_seq=before + seq_block)
+        # with seq_block 0 the block is empty (first > last when nothing is handed on): the holder
+        # publishes nothing and hands `first_seq` on at its release
+        return _state(attrs, now, first_seq=first, last_seq=before + max(seq_block, 0))
 
     async def renew(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> LeaseState | None:
         now = self._now_ms()

@@ -108,6 +108,10 @@ class S3BlobStore:
             raise InvalidRequest("Blob key is too long", field="key")
         return full
 
+    async def s3(self) -> S3Client:
+        """The S3 client (for adapters that share it: the container's workspace sync)."""
+        return await self._ready()
+
     async def _ready(self) -> S3Client:
         if self._client is None:
             await self.open()

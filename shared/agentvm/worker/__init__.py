@@ -1,0 +1,1 @@
+"""The container task's worker: `python -m agentvm.worker` (infra/container/Dockerfile)."""

@@ -1,0 +1,139 @@
+"""The container tier's worker: one per Fargate task, serving one container.
+
+It registers on the container-task record (agentvm/adapters/aws/ecs_tasks.py), pulls the
+container's workspace from S3, then takes the sessions escalated to it (`pending`) one by one: each
+under the session's lease, with the same `SessionWorker` as `chat_turn` but in the container tier,
+so an escalated turn resumes where the function tier stopped (same seq order, pending tool calls run
+here) and the session's later queued turns run here too while the task lives. Before each lease
+release the workspace is pushed back and the session is marked handled, while the lease still keeps
+new escalations of that session out. It beats the heartbeat while alive, and exits after `idle_s`
+without work, through the record's `finish` (which fails, and the loop goes on, if a session arrived
+in the meantime). SIGTERM (ECS stopping the task) ends the loop after the current session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from agentvm.services.session_worker import SessionWorker
+
+log = logging.getLogger(__name__)
+
+
+class TaskRecord(Protocol):
+    async def register(self, ttl_s: int) -> bool: ...
+    async def beat(self, ttl_s: int) -> bool: ...
+    async def pending(self) -> set[str]: ...
+    async def done(self, session_ids: set[str]) -> None: ...
+    async def finish(self) -> bool: ...
+    async def release(self) -> bool: ...
+
+
+class WorkspaceSync(Protocol):
+    async def pull(self, local_dir: Path) -> int: ...
+    async def push(self, local_dir: Path) -> object: ...
+
+
+@dataclass(slots=True)
+class WorkerOptions:
+    idle_s: float = 90.0  # Fargate bills from start with a one-minute minimum: stay a little for the next turn
+    heartbeat_ttl_s: int = 60
+    poll_s: float = 1.0
+
+
+class ContainerWorker:
+    def __init__(self, *, tenant_id: str, container_id: str, record: TaskRecord, sync: WorkspaceSync,
+                 workspace: Path, session_worker: Callable[[Callable[[str], Awaitable[None]]], SessionWorker],
+                 session_exists: Callable[[str], Awaitable[bool]], options: WorkerOptions | None = None) -> None:
+        self.tenant_id = tenant_id
+        self.container_id = container_id
+        self.record = record
+        self.sync = sync
+        self.workspace = workspace
+        self.session_worker = session_worker
+        self.session_exists = session_exists
+        self.options = options or WorkerOptions()
+        self._stop = asyncio.Event()
+        self._lost = False
+        self.handled: list[str] = []  # sessions served, in order (tests, logs)
+
+    def stop(self) -> None:
+        """End after the current session (SIGTERM)."""
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Serve the container until idle; returns how many turns ran."""
+        o = self.options
+        extra = {"tenant_id": self.tenant_id, "container_id": self.container_id}
+        if not await self.record.register(o.heartbeat_ttl_s):
+            log.warning("another task serves this container: exiting", extra=extra)
+            return 0
+        files = await self.sync.pull(self.workspace)
+        log.info("container worker started", extra={**extra, "files": files})
+        beater = asyncio.get_running_loop().create_task(self._beat())
+        finished = False
+        turns = 0
+        try:
+            idle_since = time.monotonic()
+            while not self._stop.is_set() and not self._lost:
+                sessions = await self.record.pending()
+                if sessions:
+                    for session_id in sorted(sessions):
+                        if self._stop.is_set() or self._lost:
+                            break
+                        turns += await self._serve(session_id)
+                    idle_since = time.monotonic()
+                    continue
+                if time.monotonic() - idle_since >= o.idle_s:
+                    await self.sync.push(self.workspace)
+                    if await self.record.finish():
+                        finished = True
+                        break
+                    continue  # a session arrived meanwhile
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), o.poll_s)
+        finally:
+            beater.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beater
+            if not finished:
+                with contextlib.suppress(Exception):
+                    await self.sync.push(self.workspace)
+                if not self._lost:
+                    await self.record.release()  # the next escalation starts a new task at once
+        log.info("container worker exits", extra={**extra, "turns": turns, "sessions": len(self.handled)})
+        return turns
+
+    async def _serve(self, session_id: str) -> int:
+        async def handled(sid: str) -> None:
+            await self.sync.push(self.workspace)
+            await self.record.done({sid})
+
+        worker = self.session_worker(handled)
+        ran = await worker.run(self.tenant_id, session_id)
+        if worker.acquired:
+            self.handled.append(session_id)
+        elif not await self.session_exists(session_id):
+            await self.record.done({session_id})  # deleted meanwhile: nothing to run
+        else:
+            # a chat_turn invocation holds the lease (announcing, or handing over): try again soon
+            await asyncio.sleep(self.options.poll_s / 4)
+        return len(ran)
+
+    async def _beat(self) -> None:
+        ttl = self.options.heartbeat_ttl_s
+        while True:
+            await asyncio.sleep(ttl / 3)
+            if not await self.record.beat(ttl):
+                log.error("another task took the container over: stopping",
+                          extra={"tenant_id": self.tenant_id, "container_id": self.container_id})
+                self._lost = True
+                self._stop.set()
+                return
