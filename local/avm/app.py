@@ -33,7 +33,8 @@ from agentvm.services.bundle import Services
 from agentvm.services.deps import Deps
 from agentvm.services.recovery import recover_unfinished_turns
 from agentvm.services.sessions import SessionRegistry
-from agentvm.tools.catalog import BuiltinCatalog
+from agentvm.tools.catalog import StdioSchemas, ToolCatalog
+from agentvm.tools.mcp import McpPool
 from agentvm.tools.provider import WorkspaceTools
 
 log = logging.getLogger("agentvm.serve")
@@ -75,6 +76,7 @@ class Runtime:
     app: FastAPI
     driver: Driver
     container_tier: LocalContainerTier
+    mcp: McpPool
 
 
 def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtime:
@@ -86,10 +88,11 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
                             flush_ms=settings.stream_flush_ms, max_flush_ms=settings.stream_max_flush_ms,
                             max_iterations=settings.max_tool_iterations)
     process_for = functools.partial(LocalProcessRunner, isolation=settings.sandbox_isolation)
+    mcp, stdio = McpPool(idle_s=settings.mcp_idle_s, call_timeout_s=settings.tool_timeout_s), StdioSchemas()
     sandbox = LocalContainerTier(WorkspaceTools(settings.data_dir, process_for,
                                                 limits=Limits(timeout_s=settings.tool_timeout_s),
-                                                preview_bytes=settings.tool_preview_bytes))
-    deps = Deps(store=store, fanout=hub, driver=drv, options=options, tools=BuiltinCatalog(),
+                                                preview_bytes=settings.tool_preview_bytes, mcp=mcp, stdio=stdio))
+    deps = Deps(store=store, fanout=hub, driver=drv, options=options, tools=ToolCatalog(pool=mcp, stdio=stdio),
                 container_tier=sandbox, sandbox_tools=sandbox)
     sessions = SessionRegistry(deps)
     services = Services(deps, sessions)
@@ -115,21 +118,23 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
             maintenance.cancel()
             await endpoint.drain()
             await sessions.shutdown()
+            await mcp.close()
             await store.close()
 
     app = create_app(lifespan=lifespan)
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
-    runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox)
+    runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp)
     return runtime
 
 
 async def _maintain(rt: Runtime) -> None:
-    """Evict idle session actors and prune the event log past its retention."""
+    """Evict idle session actors, stop idle MCP servers, and prune the event log past its retention."""
     while True:
         await asyncio.sleep(MAINTENANCE_INTERVAL_S)
         try:
             await rt.sessions.evict_idle()
+            await rt.mcp.reap_idle()
             cutoff = now_ms() - rt.settings.event_retention_hours * 3_600_000
             await rt.store.prune_events(cutoff)
         except Exception:

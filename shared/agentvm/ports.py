@@ -308,3 +308,8 @@ class ProcessRunner(Protocol):
         """Run `argv` with exactly `env` in `cwd` (relative to the runner's root) until it exits,
         is killed or reaches a limit; never raises for what the process does."""
         ...
+
+    async def sandboxed_argv(self, argv: Sequence[str], *, cwd: str, limits: Limits) -> tuple[list[str], str]:
+        """The command line (and absolute cwd) that starts a long-running process (a stdio MCP server)
+        confined as `run` confines a call, for the caller to spawn and own."""
+        ...

@@ -99,6 +99,7 @@ class CloudRuntime:
         self.leases = DynamoDBLeases(self.store)
         self.authenticator = Authenticator(DynamoDBKeys(self.store))
         self._driver: Driver | None = None
+        self._sandbox: Any = None  # the container task's WorkspaceTools (agentvm.worker only)
 
     @functools.cached_property
     def gateway(self) -> ApiGatewayGateway:
@@ -189,24 +190,35 @@ class CloudRuntime:
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver, tier="container"),
                         tools=sandbox, sandbox_tools=sandbox)
         elif driver is not None and self.container_tier is not None:
-            from agentvm.tools.catalog import BuiltinCatalog
+            from agentvm.tools.catalog import ToolCatalog
 
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver),
-                        tools=BuiltinCatalog(), container_tier=self.container_tier)
+                        tools=ToolCatalog(), container_tier=self.container_tier)
         else:  # no container tier: images get no sandbox tools (docs/cloud-design.md)
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver))
         return Invocation(owner, fanout, deps)
 
     def _sandbox_tools(self, workspaces: Path) -> Any:
-        import functools as ft
+        """The container task's tools, one set for the task's life (its MCP servers are reused)."""
+        if self._sandbox is None:
+            import functools as ft
 
-        from agentvm.adapters.local.local_process import LocalProcessRunner
-        from agentvm.sandbox.limits import Limits
-        from agentvm.tools.provider import WorkspaceTools
+            from agentvm.adapters.local.local_process import LocalProcessRunner
+            from agentvm.sandbox.limits import Limits
+            from agentvm.tools.mcp import McpPool
+            from agentvm.tools.provider import WorkspaceTools
 
-        s = self.settings
-        return WorkspaceTools(workspaces, ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation),
-                              limits=Limits(timeout_s=s.tool_timeout_s), preview_bytes=s.tool_preview_bytes)
+            s = self.settings
+            self._sandbox = WorkspaceTools(
+                workspaces, ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation),
+                limits=Limits(timeout_s=s.tool_timeout_s), preview_bytes=s.tool_preview_bytes,
+                mcp=McpPool(idle_s=s.mcp_idle_s, call_timeout_s=s.tool_timeout_s))
+        return self._sandbox
+
+    async def close_sandbox(self) -> None:
+        """Stop the container task's MCP servers."""
+        if self._sandbox is not None:
+            await self._sandbox.mcp.close()
 
     def container_worker(self, tenant_id: str, container_id: str, task_id: str, *, driver: Driver,
                          workspaces: Path) -> ContainerWorker:

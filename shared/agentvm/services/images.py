@@ -13,6 +13,7 @@ from agentvm.services.agents import AgentService
 from agentvm.services.containers import ContainerService
 from agentvm.services.deps import Deps
 from agentvm.services.session_host import SessionHost
+from agentvm.tools.mcp import parse_mcp_servers
 
 DEFAULT_IMAGE_NAME = "New Conversation"
 
@@ -50,6 +51,7 @@ class ImageService:
             snapshot["tools"] = list(config.tools)
         if config.mcp_servers:
             snapshot["mcpServers"] = {k: v.model_dump(exclude_none=True) for k, v in config.mcp_servers.items()}
+            parse_mcp_servers(snapshot["mcpServers"])  # a bad config is refused now, not at the first turn
         image = Image(p.tenant_id, image_id(), container_id, session_id(), config.name or DEFAULT_IMAGE_NAME,
                       ts, ts, config.description, config.system_prompt, snapshot)
         await self.deps.store.create_image(image, Session(p.tenant_id, image.session_id, image.image_id,

@@ -8,6 +8,7 @@ containers of the same id never share files. The process runner is chosen by the
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import urllib.parse
@@ -16,16 +17,20 @@ from pathlib import Path
 
 from agentvm.domain.models import DEFAULT_TENANT, Image
 from agentvm.drivers.base import ToolOutcome
-from agentvm.engine.tools import NoTools, ToolRunner
+from agentvm.engine.tools import CompositeTools, NoTools, ToolRunner
 from agentvm.ports import ProcessRunner
 from agentvm.sandbox.limits import Limits
 from agentvm.sandbox.runtime import Runtime, tool_env
 from agentvm.sandbox.uids import ToolUids, hand_over
 from agentvm.sandbox.workspace import Workspace
 from agentvm.tools.builtin import DEFAULT_PREVIEW_BYTES, JSON, BuiltinTools
-from agentvm.tools.catalog import enabled_builtins
+from agentvm.tools.catalog import StdioSchemas, enabled_builtins, mcp_servers
+from agentvm.tools.mcp import McpPool
 
 log = logging.getLogger(__name__)
+
+# A stdio MCP server lives across turns: its CPU limit is for its whole life, its wall clock unlimited.
+MCP_SERVER_LIMITS = Limits(timeout_s=3600, cpu_s=3600, memory_bytes=2 << 30, processes=64)
 
 def workspace_dir(base: Path, tenant_id: str, container_id: str) -> Path:
     # container ids match ^[A-Za-z0-9][A-Za-z0-9._:@-]*$ (no '/', never '..'); tenant ids are quoted
@@ -55,17 +60,23 @@ class WorkspaceTools:
     """`ToolProvider` for runtimes that run tools next to the engine (`avm serve`, the container tier)."""
 
     def __init__(self, base: Path, process_for: Callable[[Path], ProcessRunner], *, limits: Limits | None = None,
-                 preview_bytes: int = DEFAULT_PREVIEW_BYTES, uids: ToolUids | None = None) -> None:
+                 preview_bytes: int = DEFAULT_PREVIEW_BYTES, uids: ToolUids | None = None,
+                 mcp: McpPool | None = None, stdio: StdioSchemas | None = None,
+                 mcp_limits: Limits = MCP_SERVER_LIMITS) -> None:
         self.base = base
         self.process_for = process_for
         self.limits = limits or Limits()
         self.preview_bytes = preview_bytes
         # as root: each container's tools run as its own uid (default: a registry under `base`)
         self.uids = uids if uids is not None else ToolUids(base / "tool-uids.json")
+        self.mcp = mcp if mcp is not None else McpPool()
+        self.stdio = stdio  # where the tool lists of stdio servers are kept for the function tier
+        self.mcp_limits = mcp_limits
 
     async def for_image(self, image: Image) -> ToolRunner:
         enabled = enabled_builtins(image)
-        if not enabled:
+        servers = mcp_servers(image)
+        if not enabled and not servers:
             return NoTools()
         root = workspace_dir(self.base, image.tenant_id, image.container_id)
         try:
@@ -75,8 +86,23 @@ class WorkspaceTools:
             log.error("workspace unavailable", extra={"container_id": image.container_id, "error": str(exc)})
             return UnavailableTools(BuiltinTools.definitions(enabled),
                                     "the container's workspace is unavailable on the server")
-        runtime = Runtime(workspace, self.process_for(workspace.root), env=tool_env(str(workspace.root)))
-        return BuiltinTools(runtime, enabled, limits=self.limits, preview_bytes=self.preview_bytes)
+        env = tool_env(str(workspace.root))
+        process = self.process_for(workspace.root)
+        parts: list[ToolRunner] = []
+        if enabled:
+            runtime = Runtime(workspace, process, env=env)
+            parts.append(BuiltinTools(runtime, enabled, limits=self.limits, preview_bytes=self.preview_bytes))
+        if servers:
+            launcher = functools.partial(process.sandboxed_argv, limits=self.mcp_limits)
+            mcp = await self.mcp.tools((image.tenant_id, image.container_id), servers, cwd=workspace.root, env=env,
+                                       launcher=launcher)
+            if self.stdio is not None:
+                for cfg in servers.values():
+                    listed = mcp.schemas_of(cfg.name)
+                    if cfg.needs_sandbox and listed is not None:
+                        self.stdio.remember(image.tenant_id, cfg, listed)
+            parts.append(mcp)
+        return parts[0] if len(parts) == 1 else CompositeTools(parts)
 
     async def _owner(self, image: Image, root: Path) -> tuple[int, int] | None:
         """The container's own (uid, gid) when the server runs as root, else None (tools run as us)."""

@@ -53,6 +53,7 @@ async def serve(settings: Settings) -> int:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        await rt.close_sandbox()
 
 
 def main() -> int:

@@ -51,7 +51,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -568,6 +568,33 @@ class LocalProcessRunner:
         return ProcessResult(exit_code=exit_code, stdout=bytes(out.stdout), stderr=bytes(out.stderr),
                              output_bytes=out.total, truncated=out.total > out.kept, killed=killed,
                              duration_ms=duration_ms)
+
+    async def sandboxed_argv(self, argv: Sequence[str], *, cwd: str, limits: Limits) -> tuple[list[str], str]:
+        """The argv and absolute workdir that start a long-running process (an MCP stdio server) with a
+        tool call's confinement: prlimit's rlimits, the uid drop (setpriv) when the server is root, and
+        bubblewrap when this runner uses it (no network then). No pids cgroup, which nothing would remove
+        while the process lives: RLIMIT_NPROC bounds its processes instead. The caller spawns the argv
+        in the workdir with the env it chooses, in a new session, and kills its process group at the end.
+
+        `cwd` is relative to the root (as for `run`) or an absolute path inside it. Without util-linux's
+        prlimit the process gets no rlimits (a warning is logged), and as root that is refused: the
+        uid drop needs setpriv, and a user-configured command must not run as root."""
+        if not argv:
+            raise InvalidRequest("argv is empty", field="argv")
+        host = await self._prepare()
+        if not self._exec_launcher(host):
+            if host.privileged:
+                raise AgentVMError("cannot start a sandboxed process as root without util-linux's prlimit and "
+                                   "setpriv: they drop it to an unprivileged uid")
+            log.warning("no exec launcher (util-linux's prlimit): a long-running sandboxed process gets no rlimits",
+                        extra={"command": argv[0]})
+
+        def plan() -> _Plan:  # without a cgroup: the launcher chain (or, without prlimit, what it wraps)
+            rel = os.path.relpath(os.path.realpath(cwd), self.root) if os.path.isabs(cwd) else cwd
+            return self._plan(replace(host, cgroups=None), list(argv), rel, limits)
+
+        planned = await asyncio.to_thread(plan)
+        return planned.argv, planned.workdir
 
     def _kill(self, pid: int, plan: _Plan, host: Host) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

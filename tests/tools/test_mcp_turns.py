@@ -1,0 +1,120 @@
+"""An image's stdio MCP server on `avm serve`: started from `mcpServers` in the container's sandbox,
+its tool called by the model, the result in the stream and in the stored history; the server is
+reused by the next turn, which (its tools now known) starts in the function tier and escalates."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentvm.adapters.local.local_process import probe_host
+from agentvm.drivers.scripted import ScriptedDriver, parse_script
+from tests.support.servers import in_process
+from tests.support.stock_client import StockClient
+from tests.tools.test_mcp import FIXTURE, _interpreter, _site_packages_for_the_fixture
+
+SCRIPT = """
+rules:
+  - match: "^echo please"
+    responses:
+      - text: ["Asking the server."]
+        tool_calls: [{id: toolu_echo, name: mcp__fixture__echo, input: {text: "from the model"}}]
+      - text: ["It said it back."]
+  - match: "^who are you"
+    responses:
+      - tool_calls: [{id: toolu_who, name: mcp__fixture__whoami, input: {}}]
+      - text: ["Noted."]
+"""
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="avm-mcp-turns-", dir="/tmp"))
+    path.chmod(0o711)  # the server runs as the container's uid when the tests run as root
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def server_config(base: Path) -> dict[str, Any]:
+    """The fixture as an image's stdio MCP server, runnable by an unprivileged uid."""
+    python = _interpreter("none")
+    if python is None:
+        pytest.skip("no python of this version that an unprivileged uid can run")
+    if python == sys.executable:
+        return {"command": python, "args": [str(FIXTURE)]}
+    lib = base / "pylib"
+    lib.mkdir(mode=0o755)
+    _site_packages_for_the_fixture(lib)
+    script = base / FIXTURE.name
+    shutil.copy(FIXTURE, script)
+    for path in [lib, *lib.rglob("*"), script]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return {"command": python, "args": [str(script)], "env": {"PYTHONPATH": str(lib)}}
+
+
+async def whoami(client: StockClient, image_id: str) -> dict[str, Any]:
+    events = await client.turn(image_id, "who are you", timeout=30)
+    [result] = [e["data"]["result"] for e in events if e["type"] == "tool_result"]
+    return dict(json.loads(result))
+
+
+async def test_a_stdio_mcp_tool_is_called_by_the_model(base: Path) -> None:
+    host = probe_host()
+    if host.prlimit is None or (os.geteuid() == 0 and host.setpriv is None):
+        pytest.skip("util-linux's prlimit (and setpriv as root) are needed to start a sandboxed server")
+    driver = ScriptedDriver(parse_script(SCRIPT))
+    # bubblewrap would hide the fixture's packages outside the workspace; the uid and the rlimits hold
+    async with in_process(base / "data", driver=driver, sandbox_isolation="none") as srv, \
+            StockClient(srv.url) as client:
+        tier = srv.runtime.container_tier
+        image = await client.new_image("c-mcp", mcpServers={"fixture": server_config(base)})
+        events = await client.turn(image["imageId"], "echo please", timeout=30)
+        types = [e["type"] for e in events]
+        assert types.count("tool_executing") == 1
+        executing = next(e["data"] for e in events if e["type"] == "tool_executing")
+        assert executing == {"toolId": "toolu_echo", "toolName": "mcp__fixture__echo",
+                             "input": {"text": "from the model"}}
+        [result] = [e["data"] for e in events if e["type"] == "tool_result"]
+        assert result == {"toolCallId": "toolu_echo", "result": "echo: from the model", "isError": False}
+        at = types.index("tool_result")
+        assert [e["data"]["text"] for e in events[at:] if e["type"] == "text_delta"] == ["It said it back."]
+        done = events[-1]["data"]
+        # the server's tools were not known yet: the turn started in the container tier
+        assert (done["status"], done["tier"]) == ("completed", "container")
+        assert tier.dispatches == 1
+
+        history = (await client.request("image_messages_request", {"imageId": image["imageId"]}))["data"]["messages"]
+        stored = [m for m in history if m["subtype"] == "tool-result"]
+        assert [m["toolResult"]["output"] for m in stored] == [{"type": "text", "value": "echo: from the model"}]
+        assert [m["toolCall"]["name"] for m in history if m["subtype"] == "tool-call"] == ["mcp__fixture__echo"]
+
+        first = await whoami(client, image["imageId"])
+        # now known, the tools were offered from the function tier; the call escalated to the same server
+        assert tier.dispatches == 2
+        second = await whoami(client, image["imageId"])
+        assert first["pid"] == second["pid"]  # one server process, reused across turns
+        assert first["cwd"] == str((base / "data" / "containers" / "c-mcp" / "workspace").resolve())
+        assert "ANTHROPIC_API_KEY" not in first["env"] and not [n for n in first["env"] if n.startswith("AVM_")]
+        if os.geteuid() == 0:
+            assert first["uid"] == os.stat(first["cwd"]).st_uid != 0
+        assert srv.runtime.mcp.running() != []
+    assert srv.runtime.mcp.running() == []  # stopped with the server
+
+
+async def test_a_bad_mcp_config_is_refused_when_the_image_is_created(base: Path) -> None:
+    async with in_process(base / "data", driver=ScriptedDriver(parse_script(SCRIPT))) as srv, \
+            StockClient(srv.url) as client:
+        await client.request("container_create_request", {"containerId": "c-bad"})
+        res = await client.request("image_create_request", {"containerId": "c-bad", "config": {
+            "mcpServers": {"files": {"type": "stdio", "command": ""}}}})
+        assert res["data"]["error"] == "mcpServers.files.command: must be a non-empty string"
+        images = await client.request("image_list_request", {"containerId": "c-bad"})
+        assert images["data"]["records"] == []
