@@ -67,6 +67,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--image", help="continue this existing image instead of creating one")
     parser.add_argument("--name", help="name of the new image")
     parser.add_argument("--system", help="system prompt of the new image")
+    parser.add_argument("--tools", help="built-in tools the new image's agent may use, comma-separated "
+                                        "(bash,read_file,write_file,edit_file,list_files)")
     parser.set_defaults(func=main)
 
 
@@ -159,6 +161,8 @@ class _Chat:
             config["name"] = self._args.name
         if self._args.system:
             config["systemPrompt"] = self._args.system
+        if self._args.tools:
+            config["tools"] = [t.strip() for t in self._args.tools.split(",") if t.strip()]
         res = await self._client.request_ok("image_create", {"containerId": container, "config": config})
         record = res["data"].get("record")
         image_id = record.get("imageId") if isinstance(record, dict) else None

@@ -31,12 +31,13 @@ def bash_rule(trigger: str, command: str) -> str:
       - text: ["done"]"""
 
 
-def script(other_file: Path) -> str:
+def script(other_file: Path, database: Path) -> str:
     rules = [
         bash_rule("env", "env; cat /proc/1/environ 2>&1 | tr '\\\\0' '\\\\n'"),
         bash_rule("steal", f"cat {other_file}; ls {other_file.parent}"),
         bash_rule("relative", "cat ../../c-victim/workspace/projects/secret.txt"),
         bash_rule("plant", f"echo pwned > {other_file.parent}/planted.txt"),
+        bash_rule("database", f"head -c 100 {database}"),
         bash_rule("loop", "while :; do :; done"),
         bash_rule("forkbomb", "bomb() { bomb | bomb & }; bomb"),
         bash_rule("flood", "yes 0123456789abcdef | head -c 100000000"),
@@ -81,7 +82,7 @@ async def test_a_tool_reaches_nothing_outside_its_workspace(data: Path, isolatio
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-must-never-reach-a-tool")
     victim_file = data / "containers" / "c-victim" / "workspace" / "projects" / "secret.txt"
-    driver = ScriptedDriver(parse_script(script(victim_file)))
+    driver = ScriptedDriver(parse_script(script(victim_file, data / "agentvm.db")))
     async with in_process(data, driver=driver, llm_api_key=SECRET_KEY, sandbox_isolation=isolation) as srv, \
             StockClient(srv.url) as client:
         victim = await client.new_image("c-victim", tools=["write_file"])
@@ -100,10 +101,11 @@ async def test_a_tool_reaches_nothing_outside_its_workspace(data: Path, isolatio
         names = sorted(line.split("=", 1)[0] for line in env["result"].splitlines()[1:] if "=" in line)
         assert {"HOME", "LANG", "PATH", "TERM", "TMPDIR"} <= set(names)
 
-        for trigger in ("steal", "relative", "plant"):
+        for trigger in ("steal", "relative", "plant", "database"):
             [res] = results(await client.turn(attacker["imageId"], trigger))
             assert res["isError"] is True, (trigger, res)
             assert "the victim's secret" not in res["result"]
+            assert "SQLite" not in res["result"]
             expected = "No such file or directory" if isolation == "bwrap" else "Permission denied"
             assert expected in res["result"], (trigger, res["result"])
         assert not (victim_ws / "projects" / "planted.txt").exists()
@@ -119,7 +121,7 @@ async def test_a_tool_reaches_nothing_outside_its_workspace(data: Path, isolatio
 
 
 async def test_hostile_tools_are_stopped_and_others_keep_being_served(data: Path, isolation: str) -> None:
-    driver = ScriptedDriver(parse_script(script(data / "nowhere")))
+    driver = ScriptedDriver(parse_script(script(data / "nowhere", data / "agentvm.db")))
     async with in_process(data, driver=driver, sandbox_isolation=isolation, tool_timeout_s=3) as srv, \
             StockClient(srv.url) as attacker, StockClient(srv.url) as bystander:
         bad = await attacker.new_image("c-hostile", tools=["bash"])

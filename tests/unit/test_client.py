@@ -672,14 +672,15 @@ def test_turn_tracker_counts_one_end_per_turn() -> None:
 
 def chat_args(url: str, **kw: Any) -> Namespace:
     base = {"url": url, "token": None, "container": "user-test", "image": None, "name": "T",
-            "system": "be brief"}
+            "system": "be brief", "tools": None}
     return Namespace(**{**base, **kw})
 
 
 async def test_chat_session_end_to_end(fake: FakeAgentX) -> None:
     async def image_create(fake: FakeAgentX, ws: ServerConnection, request: Event) -> None:
         assert request["data"] == {"containerId": "user-test",
-                                   "config": {"name": "T", "systemPrompt": "be brief"},
+                                   "config": {"name": "T", "systemPrompt": "be brief",
+                                              "tools": ["bash", "read_file"]},
                                    "requestId": request["data"]["requestId"]}
         await fake.respond(ws, request, record={"imageId": IMAGE, "sessionId": SESSION},
                            __subscriptions=[SESSION])
@@ -707,7 +708,7 @@ async def test_chat_session_end_to_end(fake: FakeAgentX) -> None:
     os.close(write_fd)
     out, err = io.StringIO(), io.StringIO()
     try:
-        chat = run_chat(chat_args(fake.url), stdin_fd=read_fd, stdout=out, stderr=err)
+        chat = run_chat(chat_args(fake.url, tools="bash, read_file"), stdin_fd=read_fd, stdout=out, stderr=err)
         code = await asyncio.wait_for(chat, 3)
         await until(lambda: not any(t.name == "avm-chat-stdin" for t in threading.enumerate()))
     finally:

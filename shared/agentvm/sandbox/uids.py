@@ -52,7 +52,7 @@ class ToolUids:
     def _save(self, data: dict[str, int]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             json.dump(data, f, indent=0, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -68,6 +69,11 @@ class SqliteStore:
         self._thread = None
 
     def _connect(self) -> sqlite3.Connection:
+        if self._path != ":memory:":
+            # Owner only: tools run as other uids and must not read anyone's conversations. SQLite
+            # gives the -wal and -shm files the database file's mode.
+            os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
+            os.chmod(self._path, 0o600)
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a process crash (kill -9); only power loss may drop the
