@@ -16,6 +16,8 @@ from starlette.websockets import WebSocket
 
 from agentvm import __version__
 from agentvm.adapters.local.local_container_tier import LocalContainerTier
+from agentvm.adapters.local.local_disk import LocalDisk
+from agentvm.adapters.local.local_env import EnvLLMProvider, ProcessEnv
 from agentvm.adapters.local.local_process import LocalProcessRunner
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
@@ -29,6 +31,7 @@ from agentvm.engine.runner import EngineOptions
 from agentvm.ids import now_ms
 from agentvm.ports import Driver
 from agentvm.sandbox.limits import Limits
+from agentvm.sandbox.uids import ToolUids
 from agentvm.services.bundle import Services
 from agentvm.services.deps import Deps
 from agentvm.services.recovery import recover_unfinished_turns
@@ -43,11 +46,15 @@ MAINTENANCE_INTERVAL_S = 60.0
 
 
 def build_driver(settings: Settings) -> Driver:
-    if settings.llm_api_key is not None and settings.llm_api_key.get_secret_value():
+    """The Anthropic driver when a key is configured (Settings, else the process environment), else
+    the offline scripted driver."""
+    explicit = settings.llm_api_key.get_secret_value() if settings.llm_api_key is not None else None
+    api_key = EnvLLMProvider(ProcessEnv(), explicit=explicit).api_key_now()
+    if api_key:
         from agentvm.drivers.anthropic_sdk import AnthropicDriver
 
-        return AnthropicDriver(settings.llm_api_key.get_secret_value(), base_url=settings.llm_base_url,
-                               timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries)
+        return AnthropicDriver(api_key, base_url=settings.llm_base_url, timeout_s=settings.llm_timeout_s,
+                               max_retries=settings.llm_max_retries)
     if settings.script_path is not None:
         return ScriptedDriver.from_file(settings.script_path)
     return ScriptedDriver()
@@ -89,7 +96,8 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
                             max_iterations=settings.max_tool_iterations)
     process_for = functools.partial(LocalProcessRunner, isolation=settings.sandbox_isolation)
     mcp, stdio = McpPool(idle_s=settings.mcp_idle_s, call_timeout_s=settings.tool_timeout_s), StdioSchemas()
-    sandbox = LocalContainerTier(WorkspaceTools(settings.data_dir, process_for,
+    sandbox = LocalContainerTier(WorkspaceTools(LocalDisk(settings.data_dir), process_for,
+                                                uids=ToolUids(settings.data_dir / "tool-uids.json"),
                                                 limits=Limits(timeout_s=settings.tool_timeout_s),
                                                 preview_bytes=settings.tool_preview_bytes, mcp=mcp, stdio=stdio))
     deps = Deps(store=store, fanout=hub, driver=drv, options=options, tools=ToolCatalog(pool=mcp, stdio=stdio),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from agentvm.auth.api_keys import ApiKey
@@ -228,6 +229,10 @@ class LeasedFanout(Fanout, Protocol):
         """Wait until every event published so far is delivered and every registry write is done."""
         ...
 
+    async def close(self) -> None:
+        """Drain, then stop the delivery tasks (the event loop outlives this holder)."""
+        ...
+
     async def flushed(self) -> None:
         """Wait until everything published before this call is delivered (later events may still be
         in flight)."""
@@ -297,6 +302,53 @@ class FileSystem(Protocol):
 
     async def remove(self, path: str) -> bool:
         """Remove a file, a symlink (not its target) or a directory tree; False when absent."""
+        ...
+
+
+class Env(Protocol):
+    """Configuration values and secrets by name (the Resource layer's `Env`).
+
+    Locally: the process environment. Cloud: the SSM parameters under a path, where a value
+    `secret:<arn-or-name>` stands for a Secrets Manager secret. Values are never logged and never
+    put in exception messages (names may be)."""
+
+    async def get(self, name: str) -> str | None:
+        """The value, or None when it is not set."""
+        ...
+
+    async def get_all(self, prefix: str = "") -> dict[str, str]:
+        """Every value whose name starts with `prefix`, keyed by its whole name (as `get` takes it).
+        The result is the caller's: changing it changes nothing else."""
+        ...
+
+
+class LLMProvider(Protocol):
+    """Where a driver's credentials come from: a key given explicitly, else the environment
+    (locally) or a Secrets Manager secret (cloud)."""
+
+    async def api_key(self) -> str | None:
+        """The LLM API key; None when none is configured (the offline scripted driver is used)."""
+        ...
+
+
+class Disk(Protocol):
+    """A container's workspace as a local directory (what its tools see).
+
+    Locally the directory is the durable copy. In the container tier it is a copy of the
+    container's S3 prefix: `mount` pulls it, `sync` pushes what changed. `sync` and `unmount` of a
+    container that is not mounted do nothing."""
+
+    async def mount(self, tenant_id: str, container_id: str) -> Path:
+        """Make the workspace available locally and return its directory; mounting a mounted
+        workspace returns the same directory."""
+        ...
+
+    async def sync(self, tenant_id: str, container_id: str) -> None:
+        """Make what changed in the directory durable now."""
+        ...
+
+    async def unmount(self, tenant_id: str, container_id: str) -> None:
+        """Sync, then release the workspace (a later `mount` makes it available again)."""
         ...
 
 

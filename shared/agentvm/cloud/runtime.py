@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentvm.adapters.aws.apigw_gateway import MAX_FRAME_BYTES, ApiGatewayGateway
-from agentvm.adapters.aws.aws_env import SecretValues
+from agentvm.adapters.aws.aws_env import AwsEnv, ParameterValues, SecretLLMProvider, SecretValues
 from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
@@ -100,6 +100,7 @@ class CloudRuntime:
         self.authenticator = Authenticator(DynamoDBKeys(self.store))
         self._driver: Driver | None = None
         self._sandbox: Any = None  # the container task's WorkspaceTools (agentvm.worker only)
+        self._workspace_disk: Any = None  # and its S3Disk
 
     @functools.cached_property
     def gateway(self) -> ApiGatewayGateway:
@@ -142,18 +143,31 @@ class CloudRuntime:
     def secrets(self) -> SecretValues:
         return SecretValues(endpoint_url=self.settings.aws_endpoint_url, region_name=self.settings.aws_region)
 
+    @functools.cached_property
+    def env(self) -> AwsEnv | None:
+        """The runtime configuration under AVM_CONFIG_PATH (SSM, `secret:` values from Secrets
+        Manager), when the deployment has one. Nothing is read until asked."""
+        s = self.settings
+        if not s.config_path:
+            return None
+        return AwsEnv(ParameterValues(endpoint_url=s.aws_endpoint_url, region_name=s.aws_region), s.config_path,
+                      self.secrets)
+
+    @functools.cached_property
+    def llm(self) -> SecretLLMProvider:
+        """The LLM key: AVM_LLM_API_KEY (or its aliases) when set, else the secret AVM_LLM_SECRET_ARN."""
+        s = self.settings
+        explicit = s.llm_api_key.get_secret_value() if s.llm_api_key is not None else None
+        return SecretLLMProvider(self.secrets, s.llm_secret_arn, explicit=explicit)
+
     async def ready(self) -> CloudRuntime:
         await self.store.open()
         return self
 
     async def driver(self) -> Driver:
-        """The LLM driver, with its key read from Secrets Manager (cached for the environment)."""
+        """The LLM driver, with its key from `llm` (the driver is kept for the environment)."""
         if self._driver is None:
-            s = self.settings
-            key = s.llm_api_key.get_secret_value() if s.llm_api_key is not None else None
-            if not key and s.llm_secret_arn:
-                key = await self.secrets.get(s.llm_secret_arn)
-            self._driver = build_driver(s, key)
+            self._driver = build_driver(self.settings, await self.llm.api_key())
         return self._driver
 
     def options(self, driver: Driver | None, *, tier: str = "function") -> EngineOptions:
@@ -199,21 +213,35 @@ class CloudRuntime:
         return Invocation(owner, fanout, deps)
 
     def _sandbox_tools(self, workspaces: Path) -> Any:
-        """The container task's tools, one set for the task's life (its MCP servers are reused)."""
+        """The container task's tools, one set for the task's life (its MCP servers are reused), on
+        the workspace the task's disk mounted."""
         if self._sandbox is None:
             import functools as ft
 
             from agentvm.adapters.local.local_process import LocalProcessRunner
             from agentvm.sandbox.limits import Limits
+            from agentvm.sandbox.uids import ToolUids
             from agentvm.tools.mcp import McpPool
             from agentvm.tools.provider import WorkspaceTools
 
             s = self.settings
             self._sandbox = WorkspaceTools(
-                workspaces, ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation),
-                limits=Limits(timeout_s=s.tool_timeout_s), preview_bytes=s.tool_preview_bytes,
-                mcp=McpPool(idle_s=s.mcp_idle_s, call_timeout_s=s.tool_timeout_s))
+                self._disk(workspaces), ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation),
+                uids=ToolUids(workspaces / "tool-uids.json"), limits=Limits(timeout_s=s.tool_timeout_s),
+                preview_bytes=s.tool_preview_bytes, mcp=McpPool(idle_s=s.mcp_idle_s, call_timeout_s=s.tool_timeout_s))
         return self._sandbox
+
+    def _disk(self, workspaces: Path) -> Any:
+        """The container task's `S3Disk` (one for the task: the worker mounts, the tools find it mounted)."""
+        if self._workspace_disk is None:
+            from agentvm.adapters.aws.s3_disk import S3Disk
+
+            s = self.settings
+            if not s.bucket:
+                raise InvalidRequest("AVM_BUCKET is not set: the worker keeps workspaces in S3", field="bucket")
+            blobs = S3BlobStore(s.bucket, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region)
+            self._workspace_disk = S3Disk(s.bucket, workspaces, blobs.s3)
+        return self._workspace_disk
 
     async def close_sandbox(self) -> None:
         """Stop the container task's MCP servers."""
@@ -225,19 +253,13 @@ class CloudRuntime:
         """The container task's worker for one container (`python -m agentvm.worker`)."""
         from agentvm.adapters.aws.ecs_tasks import ContainerTaskRecord
         from agentvm.services.session_worker import SessionWorker
-        from agentvm.tools.provider import workspace_dir
         from agentvm.worker.container_worker import ContainerWorker, WorkerOptions
 
         s = self.settings
-        if not s.bucket:
-            raise InvalidRequest("AVM_BUCKET is not set: the worker keeps workspaces in S3", field="bucket")
-        blobs = S3BlobStore(s.bucket, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region)
-        sync = _LazyS3Workspace(blobs, tenant_id, container_id)
-        fanouts: list[CloudFanout] = []
+        disk = self._disk(workspaces)
 
         def session_worker(before_release: Callable[[str], Awaitable[None]]) -> SessionWorker:
             inv = self.invocation(tenant_id, role="worker", driver=driver, workspaces=workspaces)
-            fanouts.append(inv.fanout)
             return SessionWorker(inv.deps, fanout=inv.fanout, leases=self.leases, owner=task_id,
                                  before_release=before_release)
 
@@ -245,8 +267,7 @@ class CloudRuntime:
             return await self.store.get_session(tenant_id, session_id) is not None
 
         record = ContainerTaskRecord(self.store, tenant_id, container_id, task_id)
-        return ContainerWorker(tenant_id=tenant_id, container_id=container_id, record=record, sync=sync,
-                               workspace=workspace_dir(workspaces, tenant_id, container_id),
+        return ContainerWorker(tenant_id=tenant_id, container_id=container_id, record=record, disk=disk,
                                session_worker=session_worker, session_exists=session_exists,
                                options=WorkerOptions(idle_s=s.worker_idle_s, heartbeat_ttl_s=s.worker_heartbeat_ttl_s))
 
@@ -269,30 +290,6 @@ class CloudRuntime:
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
-
-
-class _LazyS3Workspace:
-    """The container's `S3Workspace` over the runtime's S3 client, created at first use."""
-
-    def __init__(self, blobs: S3BlobStore, tenant_id: str, container_id: str) -> None:
-        self.blobs = blobs
-        self.tenant_id = tenant_id
-        self.container_id = container_id
-        self._ws: Any = None
-
-    async def _get(self) -> Any:
-        if self._ws is None:
-            from agentvm.adapters.aws.s3_workspace import S3Workspace
-
-            self._ws = S3Workspace.for_container(self.blobs.bucket, self.tenant_id, self.container_id,
-                                                 await self.blobs.s3())
-        return self._ws
-
-    async def pull(self, local_dir: Path) -> int:
-        return int(await (await self._get()).pull(local_dir))
-
-    async def push(self, local_dir: Path) -> object:
-        return await (await self._get()).push(local_dir)
 
 
 def runtime() -> CloudRuntime:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentvm.adapters.local.local_fs import LocalFileSystem
+from agentvm.domain.models import DEFAULT_TENANT
 
 if TYPE_CHECKING:
     from agentvm.ports import FileSystem
@@ -17,6 +19,16 @@ DEFAULT_TOOL_UID = 65534
 DEFAULT_TOOL_GID = 65534
 
 WORKSPACE_DIRS = ("temp", "projects", "output")
+
+
+def workspace_dir(base: Path, tenant_id: str, container_id: str) -> Path:
+    """Where a container's workspace lives under `base`: `containers/<id>/workspace` for the default
+    tenant (the open local mode), `tenants/<tenant>/containers/<id>/workspace` for the others, so two
+    tenants' containers of the same id never share files."""
+    # container ids match ^[A-Za-z0-9][A-Za-z0-9._:@-]*$ (no '/', never '..'); tenant ids are quoted
+    if tenant_id == DEFAULT_TENANT:
+        return base / "containers" / container_id / "workspace"
+    return base / "tenants" / urllib.parse.quote(tenant_id, safe="") / "containers" / container_id / "workspace"
 
 
 class Workspace:

@@ -1,8 +1,8 @@
-"""The tools of a turn: the image's enabled built-in tools on its container's workspace.
+"""The container tier's tools: the image's built-in tools and MCP servers on its container's workspace.
 
-Workspaces live under one base directory: `containers/<id>/workspace` for the default tenant (the
-open local mode) and `tenants/<tenant>/containers/<id>/workspace` for the others, so two tenants'
-containers of the same id never share files. The process runner is chosen by the composition root.
+The workspace directory comes from the `Disk` port (`avm serve`: a directory under the data
+directory; the container task: the S3 copy pulled into the task, see `agentvm.sandbox.workspace.
+workspace_dir`). The process runner is chosen by the composition root.
 """
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import asyncio
 import functools
 import logging
 import os
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
-from agentvm.domain.models import DEFAULT_TENANT, Image
+from agentvm.domain.models import Image
 from agentvm.drivers.base import ToolOutcome
 from agentvm.engine.tools import CompositeTools, NoTools, ToolRunner
-from agentvm.ports import ProcessRunner
+from agentvm.ports import Disk, ProcessRunner
 from agentvm.sandbox.limits import Limits
 from agentvm.sandbox.runtime import Runtime, tool_env
 from agentvm.sandbox.uids import ToolUids, hand_over
@@ -31,13 +30,6 @@ log = logging.getLogger(__name__)
 
 # A stdio MCP server lives across turns: its CPU limit is for its whole life, its wall clock unlimited.
 MCP_SERVER_LIMITS = Limits(timeout_s=3600, cpu_s=3600, memory_bytes=2 << 30, processes=64)
-
-def workspace_dir(base: Path, tenant_id: str, container_id: str) -> Path:
-    # container ids match ^[A-Za-z0-9][A-Za-z0-9._:@-]*$ (no '/', never '..'); tenant ids are quoted
-    if tenant_id == DEFAULT_TENANT:
-        return base / "containers" / container_id / "workspace"
-    return base / "tenants" / urllib.parse.quote(tenant_id, safe="") / "containers" / container_id / "workspace"
-
 
 class UnavailableTools:
     """The image enables tools but its workspace cannot be opened: every call says why."""
@@ -59,16 +51,15 @@ class UnavailableTools:
 class WorkspaceTools:
     """`ToolProvider` for runtimes that run tools next to the engine (`avm serve`, the container tier)."""
 
-    def __init__(self, base: Path, process_for: Callable[[Path], ProcessRunner], *, limits: Limits | None = None,
-                 preview_bytes: int = DEFAULT_PREVIEW_BYTES, uids: ToolUids | None = None,
+    def __init__(self, disk: Disk, process_for: Callable[[Path], ProcessRunner], *, uids: ToolUids,
+                 limits: Limits | None = None, preview_bytes: int = DEFAULT_PREVIEW_BYTES,
                  mcp: McpPool | None = None, stdio: StdioSchemas | None = None,
                  mcp_limits: Limits = MCP_SERVER_LIMITS) -> None:
-        self.base = base
+        self.disk = disk
         self.process_for = process_for
         self.limits = limits or Limits()
         self.preview_bytes = preview_bytes
-        # as root: each container's tools run as its own uid (default: a registry under `base`)
-        self.uids = uids if uids is not None else ToolUids(base / "tool-uids.json")
+        self.uids = uids  # as root: each container's tools run as its own uid
         self.mcp = mcp if mcp is not None else McpPool()
         self.stdio = stdio  # where the tool lists of stdio servers are kept for the function tier
         self.mcp_limits = mcp_limits
@@ -78,8 +69,8 @@ class WorkspaceTools:
         servers = mcp_servers(image)
         if not enabled and not servers:
             return NoTools()
-        root = workspace_dir(self.base, image.tenant_id, image.container_id)
         try:
+            root = await self.disk.mount(image.tenant_id, image.container_id)
             owner = await self._owner(image, root)
             workspace = await Workspace.open(root, owner=owner)
         except OSError as exc:

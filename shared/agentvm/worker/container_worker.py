@@ -1,14 +1,16 @@
 """The container tier's worker: one per Fargate task, serving one container.
 
-It registers on the container-task record (agentvm/adapters/aws/ecs_tasks.py), pulls the
-container's workspace from S3, then takes the sessions escalated to it (`pending`) one by one: each
-under the session's lease, with the same `SessionWorker` as `chat_turn` but in the container tier,
-so an escalated turn resumes where the function tier stopped (same seq order, pending tool calls run
-here) and the session's later queued turns run here too while the task lives. Before each lease
-release the workspace is pushed back and the session is marked handled, while the lease still keeps
-new escalations of that session out. It beats the heartbeat while alive, and exits after `idle_s`
-without work, through the record's `finish` (which fails, and the loop goes on, if a session arrived
-in the meantime). SIGTERM (ECS stopping the task) ends the loop after the current session.
+It registers on the container-task record (agentvm/adapters/aws/ecs_tasks.py), mounts the
+container's workspace (the `Disk` port: in the cloud, pulled from S3), then takes the sessions
+escalated to it (`pending`) one by one: each under the session's lease, with the same
+`SessionWorker` as `chat_turn` but in the container tier, so an escalated turn resumes where the
+function tier stopped (same seq order, pending tool calls run here) and the session's later queued
+turns run here too while the task lives. Before each lease release the workspace is synced and the
+session is marked handled, while the lease still keeps new escalations of that session out. It
+beats the heartbeat while alive, and exits after `idle_s` without work, through the record's
+`finish` (which fails, and the loop goes on, if a session arrived in the meantime); the workspace is
+synced before, and unmounted at exit. SIGTERM (ECS stopping the task) ends the loop after the
+current session.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agentvm.services.session_worker import SessionWorker
+
+if TYPE_CHECKING:
+    from agentvm.ports import Disk
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +40,6 @@ class TaskRecord(Protocol):
     async def release(self) -> bool: ...
 
 
-class WorkspaceSync(Protocol):
-    async def pull(self, local_dir: Path) -> int: ...
-    async def push(self, local_dir: Path) -> object: ...
-
-
 @dataclass(slots=True)
 class WorkerOptions:
     idle_s: float = 90.0  # Fargate bills from start with a one-minute minimum: stay a little for the next turn
@@ -49,14 +48,13 @@ class WorkerOptions:
 
 
 class ContainerWorker:
-    def __init__(self, *, tenant_id: str, container_id: str, record: TaskRecord, sync: WorkspaceSync,
-                 workspace: Path, session_worker: Callable[[Callable[[str], Awaitable[None]]], SessionWorker],
+    def __init__(self, *, tenant_id: str, container_id: str, record: TaskRecord, disk: Disk,
+                 session_worker: Callable[[Callable[[str], Awaitable[None]]], SessionWorker],
                  session_exists: Callable[[str], Awaitable[bool]], options: WorkerOptions | None = None) -> None:
         self.tenant_id = tenant_id
         self.container_id = container_id
         self.record = record
-        self.sync = sync
-        self.workspace = workspace
+        self.disk = disk
         self.session_worker = session_worker
         self.session_exists = session_exists
         self.options = options or WorkerOptions()
@@ -75,8 +73,14 @@ class ContainerWorker:
         if not await self.record.register(o.heartbeat_ttl_s):
             log.warning("another task serves this container: exiting", extra=extra)
             return 0
-        files = await self.sync.pull(self.workspace)
-        log.info("container worker started", extra={**extra, "files": files})
+        try:
+            await self.disk.mount(self.tenant_id, self.container_id)
+        except BaseException:
+            # without its workspace the task cannot serve: let the next escalation start another now
+            log.exception("workspace could not be mounted", extra=extra)
+            await self.record.release()
+            raise
+        log.info("container worker started", extra=extra)
         beater = asyncio.get_running_loop().create_task(self._beat())
         finished = False
         turns = 0
@@ -92,7 +96,7 @@ class ContainerWorker:
                     idle_since = time.monotonic()
                     continue
                 if time.monotonic() - idle_since >= o.idle_s:
-                    await self.sync.push(self.workspace)
+                    await self.disk.sync(self.tenant_id, self.container_id)
                     if await self.record.finish():
                         finished = True
                         break
@@ -103,21 +107,25 @@ class ContainerWorker:
             beater.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beater
-            if not finished:
-                with contextlib.suppress(Exception):
-                    await self.sync.push(self.workspace)
-                if not self._lost:
-                    await self.record.release()  # the next escalation starts a new task at once
+            try:
+                await self.disk.unmount(self.tenant_id, self.container_id)  # after finish: nothing changed
+            except Exception:
+                log.exception("workspace not synced at exit", extra=extra)
+            if not finished and not self._lost:
+                await self.record.release()  # the next escalation starts a new task at once
         log.info("container worker exits", extra={**extra, "turns": turns, "sessions": len(self.handled)})
         return turns
 
     async def _serve(self, session_id: str) -> int:
         async def handled(sid: str) -> None:
-            await self.sync.push(self.workspace)
+            await self.disk.sync(self.tenant_id, self.container_id)
             await self.record.done({sid})
 
         worker = self.session_worker(handled)
-        ran = await worker.run(self.tenant_id, session_id)
+        try:
+            ran = await worker.run(self.tenant_id, session_id)
+        finally:
+            await worker.fanout.close()
         if worker.acquired:
             self.handled.append(session_id)
         elif not await self.session_exists(session_id):

@@ -6,6 +6,10 @@ one would add a network round trip (and a billed API call) to every request. Val
 and concurrent callers that miss share one in-flight request instead of each sending their own.
 Failures are not cached: the next call tries again.
 
+On top of them, the ports: `AwsEnv` (the `Env` of a deployment: the parameters under one SSM path,
+where a value `secret:<arn-or-name>` stands for a Secrets Manager secret) and `SecretLLMProvider`
+(the `LLMProvider`: the LLM key from a secret).
+
 Errors are `UpstreamError`s that name the secret id or parameter path and the AWS error code, never
 a value (AWS error messages are left out too, as they are not ours to vet).
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import botocore.session
 import orjson
@@ -34,6 +38,9 @@ ACCEPTED_JSON_KEYS: Final = ("apiKey", "api_key", "LLM_API_KEY", "ANTHROPIC_API_
 _RETRYABLE_CODES: Final = frozenset({"ThrottlingException", "Throttling", "TooManyRequestsException",
                                      "InternalServiceError", "InternalServerError", "ServiceUnavailable"})
 _SSM_PAGE: Final = 10  # GetParametersByPath's maximum page size
+
+#: A parameter value of the form `secret:<arn-or-name>` is read from Secrets Manager.
+SECRET_PREFIX: Final = "secret:"
 
 
 class _TtlCache(Generic[T]):
@@ -146,6 +153,53 @@ class ParameterValues:
             kwargs["NextToken"] = token
 
 
+class AwsEnv:
+    """`Env` over the SSM parameters under `path`, named relative to it (`llm/model`).
+
+    Both caches do the work: ParameterValues reads the path once per TTL, SecretValues each secret
+    once per TTL. Without `secrets`, a `secret:` value is an error rather than handed out as is."""
+
+    def __init__(self, parameters: ParameterValues, path: str, secrets: SecretValues | None = None) -> None:
+        self.parameters = parameters
+        self.path = path
+        self.secrets = secrets
+
+    async def get(self, name: str) -> str | None:
+        raw = (await self.parameters.get_path(self.path)).get(name)
+        return None if raw is None else await self._resolve(name, raw)
+
+    async def get_all(self, prefix: str = "") -> dict[str, str]:
+        params = await self.parameters.get_path(self.path)
+        names = [name for name in params if name.startswith(prefix)]
+        values = await asyncio.gather(*(self._resolve(name, params[name]) for name in names))
+        return dict(zip(names, values, strict=True))
+
+    async def _resolve(self, name: str, raw: str) -> str:
+        if not raw.startswith(SECRET_PREFIX):
+            return raw
+        if self.secrets is None:
+            raise UpstreamError(f"SSM parameter {name!r} under {self.path!r} refers to a secret, "
+                                "but no Secrets Manager reader is configured")
+        return await self.secrets.get(raw[len(SECRET_PREFIX):])
+
+
+class SecretLLMProvider:
+    """`LLMProvider`: `explicit` when given (Settings.llm_api_key), else the secret `secret_id`
+    (Settings.llm_secret_arn, cached by SecretValues), else None. An empty value counts as none."""
+
+    def __init__(self, secrets: SecretValues, secret_id: str | None, explicit: str | None = None) -> None:
+        self.secrets = secrets
+        self.secret_id = secret_id
+        self._explicit = explicit or None
+
+    async def api_key(self) -> str | None:
+        if self._explicit:
+            return self._explicit
+        if not self.secret_id:
+            return None
+        return await self.secrets.get(self.secret_id) or None
+
+
 def _unwrap(raw: str) -> str:
     if not raw.lstrip().startswith("{"):
         return raw
@@ -170,3 +224,13 @@ def _upstream(what: str, exc: ClientError | BotoCoreError) -> UpstreamError:
     # Connection failures and timeouts may pass; bad credentials or parameters will not.
     retryable = isinstance(exc, (BotocoreConnectionError, HTTPClientError))
     return UpstreamError(f"Cannot read {what}: {type(exc).__name__}", retryable=retryable)
+
+
+if TYPE_CHECKING:
+    from agentvm.ports import Env, LLMProvider
+
+    def _implements_env(env: AwsEnv) -> Env:  # mypy checks the ports' signatures
+        return env
+
+    def _implements_llm_provider(provider: SecretLLMProvider) -> LLMProvider:
+        return provider
