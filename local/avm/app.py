@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.requests import Request
 from starlette.websockets import WebSocket
 
 from agentvm import __version__
@@ -22,7 +23,7 @@ from agentvm.adapters.local.local_process import LocalProcessRunner
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
 from agentvm.adapters.local.ws_hub import LocalHub
-from agentvm.api.http_app import create_app
+from agentvm.api.http_app import HttpApi, create_app
 from agentvm.api.ws_router import CommandRouter
 from agentvm.config import Settings
 from agentvm.domain.models import DEFAULT_TENANT, Principal
@@ -129,7 +130,11 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
             await mcp.close()
             await store.close()
 
-    app = create_app(lifespan=lifespan)
+    async def http_principal(_request: Request) -> Principal:
+        return open_principal  # the open local mode, as on the WebSocket (keys: issue 7)
+
+    app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
+                                                     principal_for=http_principal))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
     runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp)

@@ -57,3 +57,7 @@ def connection_id() -> str:
 
 def message_id() -> str:
     return f"msg_{now_ms()}_{_rand(10)}"
+
+
+def resource_id() -> str:
+    return _new("res")

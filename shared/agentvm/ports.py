@@ -16,6 +16,7 @@ from agentvm.domain.models import (
     Image,
     LeaseState,
     LoggedEvent,
+    ResourceVersion,
     Session,
     StoredMessage,
     Subscription,
@@ -84,6 +85,40 @@ class Store(Protocol):
     async def prune_events(self, older_than_ms: int) -> int: ...
     async def list_unfinished_turns(self) -> list[Turn]:
         """Turns of every tenant left queued or running (after a crash)."""
+        ...
+
+    # resources (the resource center): immutable versions; a resource is visible to its owner
+    # tenant, and to every tenant once published
+    async def create_resource(self, first: ResourceVersion) -> None:
+        """Create a resource with its first version. Conflict when the owner already has a resource
+        of that kind and name, or when it is published and another tenant published that name."""
+        ...
+
+    async def add_resource_version(self, version: ResourceVersion) -> None:
+        """Add a version to an existing resource of the same owner (NotFound when the resource does
+        not exist for that tenant, Conflict when the version exists)."""
+        ...
+
+    async def resource_versions(self, tenant_id: str, resource_id: str) -> list[ResourceVersion]:
+        """Every version of a resource the tenant may read (its own, or published), highest
+        `version_key` first; [] when none."""
+        ...
+
+    async def find_resource(self, tenant_id: str, kind: str, name: str) -> list[ResourceVersion]:
+        """Every version of the resource `kind`/`name` the tenant may read: its own resource of that
+        name, else a published one; highest `version_key` first; [] when none."""
+        ...
+
+    async def list_resources(self, tenant_id: str, *, kind: str | None = None, name: str | None = None,
+                             tag: str | None = None, query: str | None = None, limit: int = 50,
+                             cursor: str | None = None) -> tuple[list[ResourceVersion], str | None]:
+        """The latest version of each resource the tenant may read (own and published), filtered:
+        `name` prefix, `tag` exact, `query` case-insensitive substring of name, description or tags.
+        Ordered by (kind, name, owner); a page of at most `limit` and the cursor of the next page."""
+        ...
+
+    async def delete_resource(self, tenant_id: str, resource_id: str) -> bool:
+        """Delete every version of the tenant's own resource; False when it has none."""
         ...
 
 

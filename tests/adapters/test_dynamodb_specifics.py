@@ -23,6 +23,7 @@ from agentvm.domain.models import (
     Container,
     Image,
     LoggedEvent,
+    ResourceVersion,
     Session,
     StoredMessage,
     Turn,
@@ -100,6 +101,12 @@ def text_turn_checkpoint(tenant: str, sid: str, iid: str, first_seq: int, n_even
                       turns=[turn])
 
 
+def resource(tenant: str, rid: str, version: str, *, published: bool = False, name: str = "p") -> ResourceVersion:
+    key = ".".join(f"{int(p):06d}" for p in version.split("."))
+    return ResourceVersion(tenant, rid, "prompt", name, version, key, {"v": version}, f"sha256:{version}",
+                           published=published)
+
+
 async def raw_partition(store: DynamoDBStore, pk: str) -> list[dict[str, Any]]:
     resp = await store.client.query(TableName=store.table_name, KeyConditionExpression="PK = :pk",
                                     ExpressionAttributeValues={":pk": {"S": pk}})
@@ -120,6 +127,7 @@ async def test_every_request_path_uses_keyed_reads_and_writes_and_never_scans(st
     cp = text_turn_checkpoint("t1", "sess_i1", "i1", 1, 12)
     running = Turn("t1", "turn2", "sess_i1", "i1", "c1", "m2", TurnStatus.RUNNING, 30)
     agent = Agent("t1", "a1", "i1", "c1", "n", 1)
+    first = resource("t1", "r1", "1.0.0", published=True)
     ops = {
         "create_container": await calls.ops(store.create_container(Container("t1", "c1", 1, 1))),
         "create_container again": await calls.ops(store.create_container(Container("t1", "c1", 1, 1))),
@@ -148,6 +156,16 @@ async def test_every_request_path_uses_keyed_reads_and_writes_and_never_scans(st
         "last_seq": await calls.ops(store.last_seq("t1", "sess_i1")),
         "list_unfinished_turns": await calls.ops(store.list_unfinished_turns()),
         "prune_events": await calls.ops(store.prune_events(older_than_ms=15)),
+        "create_resource": await calls.ops(store.create_resource(first)),
+        "add_resource_version": await calls.ops(store.add_resource_version(resource("t1", "r1", "1.1.0"))),
+        "add_resource_version (publish)": await calls.ops(
+            store.add_resource_version(resource("t1", "r1", "1.2.0", published=True))),
+        "resource_versions": await calls.ops(store.resource_versions("t1", "r1")),
+        "resource_versions of another tenant": await calls.ops(store.resource_versions("t2", "r1")),
+        "find_resource": await calls.ops(store.find_resource("t2", "prompt", "p")),
+        "list_resources": await calls.ops(store.list_resources("t2")),
+        "delete_resource": await calls.ops(store.delete_resource("t1", "r1")),
+        "delete_resource again": await calls.ops(store.delete_resource("t1", "r1")),
         "delete_agent": await calls.ops(store.delete_agent("t1", "a1")),
         "delete_image": await calls.ops(store.delete_image("t1", "i1")),
         "delete_image again": await calls.ops(store.delete_image("t1", "i1")),
@@ -181,6 +199,15 @@ async def test_every_request_path_uses_keyed_reads_and_writes_and_never_scans(st
         "list_unfinished_turns": ["Query"] * 16 + ["BatchGetItem"],
         # the session's blocks, then its newest block (cut down to its last event) and the rewrite
         "prune_events": ["Query"] * 8 + ["Query", "Query", "BatchWriteItem"],
+        "create_resource": ["TransactWriteItems"],  # head, name, version, published name
+        "add_resource_version": ["GetItem", "TransactWriteItems"],
+        "add_resource_version (publish)": ["GetItem", "TransactWriteItems"],
+        "resource_versions": ["Query"],
+        "resource_versions of another tenant": ["Query", "Query", "Query"],  # own, GSI3, the owner's
+        "find_resource": ["BatchGetItem", "Query"],
+        "list_resources": ["Query", "Query", "BatchGetItem"],
+        "delete_resource": ["Query", "BatchWriteItem", "TransactWriteItems"],
+        "delete_resource again": ["Query"],
         "delete_agent": ["Query", "DeleteItem"],
         "delete_image": ["GetItem", "Query", "BatchWriteItem", "DeleteItem"],
         "delete_image again": ["GetItem"],
@@ -435,3 +462,34 @@ async def test_open_reuses_one_client_and_close_releases_it(store: DynamoDBStore
     await store.close()
     await store.open()
     assert store.client is not client
+
+
+# ---- resources -----------------------------------------------------------------------------------
+
+
+async def test_resource_items_follow_the_documented_layout(store: DynamoDBStore) -> None:
+    await store.create_resource(resource("t#1", "r1", "1.0.0", published=True, name="a#b"))
+    head, version = await raw_partition(store, "RES#t%231#r1")
+    assert (head["SK"]["S"], version["SK"]["S"]) == ("RES", "V#000001.000000.000000#1.0.0")
+    assert head["G1PK"]["S"] == "TENANT#t%231#RES" and head["G1SK"]["S"] == "prompt#a%23b#t%231"
+    assert head["G3PK"]["S"] == "PUBRES#r1" and head["revision"]["N"] == "1"
+    [name] = await raw_partition(store, "RESNAME#t%231#prompt#a%23b")
+    assert name["resource_id"]["S"] == "r1"
+    [public] = await raw_partition(store, "PUBNAME#prompt#a%23b")
+    assert public["G1PK"]["S"] == "PUBLIC#RES" and public["version"]["S"] == "1.0.0"
+    await store.add_resource_version(resource("t#1", "r1", "2.0.0", name="a#b"))  # withdrawn
+    assert await raw_partition(store, "PUBNAME#prompt#a%23b") == []
+    head = next(i for i in await raw_partition(store, "RES#t%231#r1") if i["SK"]["S"] == "RES")
+    assert "G3PK" not in head and head["version"]["S"] == "2.0.0" and head["revision"]["N"] == "2"
+
+
+async def test_concurrent_versions_all_land_and_the_highest_is_listed(store: DynamoDBStore) -> None:
+    await store.create_resource(resource("t1", "r1", "1.0.0", published=True))
+    await asyncio.gather(*(store.add_resource_version(resource("t1", "r1", f"1.{n}.0", published=True))
+                           for n in range(1, 10)))
+    assert [v.version for v in await store.resource_versions("t2", "r1")] == [f"1.{n}.0" for n in range(9, -1, -1)]
+    for tenant in ("t1", "t2"):  # the head and the published name both carry the highest version
+        page, _ = await store.list_resources(tenant)
+        assert [v.version for v in page] == ["1.9.0"]
+    head = next(i for i in await raw_partition(store, "RES#t1#r1") if i["SK"]["S"] == "RES")
+    assert head["revision"]["N"] == "10"

@@ -1,21 +1,50 @@
-"""The FastAPI application: health and, in later issues, the management and SSE APIs."""
+"""The FastAPI application: health and the management API (`/v1/resources`; more in later issues).
+
+Errors have one shape everywhere: `{"error": {"code", "message", "field"?}}`, request validation
+included (400 naming the field, not FastAPI's 422 list)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agentvm import __version__
+from agentvm.api.resources_http import resources_router
+from agentvm.domain.models import Principal
 from agentvm.errors import AgentVMError
+from agentvm.services.resources import ResourceService
 
 
-def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None) -> FastAPI:
+@dataclass(slots=True)
+class HttpApi:
+    """What the management API runs on: the services (built by a composition root, maybe lazily)
+    and how a request's caller is found."""
+
+    resources: Callable[[], ResourceService]
+    principal_for: Callable[[Request], Awaitable[Principal]]
+
+
+def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+               api: HttpApi | None = None) -> FastAPI:
     app = FastAPI(title="AgentVM", version=__version__, lifespan=lifespan,
                   description="AgentVM management API. The AgentX WebSocket protocol is served on /ws.")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+        field = ".".join(loc)
+        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+        body: dict[str, Any] = {"error": {"code": "invalid_request", "message": message}}
+        if field:
+            body["error"]["field"] = field
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(AgentVMError)
     async def _agentvm_error(_request: Request, exc: AgentVMError) -> JSONResponse:
@@ -28,5 +57,7 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
     async def health() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
+    if api is not None:
+        app.include_router(resources_router(api.resources, api.principal_for))
     return app
 

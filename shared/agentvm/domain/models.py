@@ -222,3 +222,29 @@ class FileInfo:
     kind: str  # "file" | "dir" | "symlink" | "other"
     size: int
     modified_ms: int
+
+
+RESOURCE_KINDS = ("prompt", "tool", "sandbox", "agent", "knowledge")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceVersion:
+    """One immutable version of a resource (`resource://<kind>s/<name>@<version>`).
+
+    A resource is the set of versions sharing `resource_id` (and kind and name) within its owner
+    tenant. `version` is a semantic version; `version_key` sorts like it (agentvm.domain.semver).
+    `published`: every tenant may read it (a published name is unique across tenants)."""
+
+    tenant_id: str
+    resource_id: str
+    kind: str  # one of RESOURCE_KINDS
+    name: str
+    version: str
+    version_key: str
+    content: JSON
+    content_hash: str  # "sha256:<hex>" of the canonical JSON of content
+    dependencies: tuple[str, ...] = ()  # resource:// URIs, with version specs
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    published: bool = False
+    created_at: int = 0

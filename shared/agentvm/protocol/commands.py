@@ -53,6 +53,8 @@ class ImageConfig(InboundModel):
     max_tokens: Annotated[int, Field(ge=1, le=200_000)] | None = None
     # built-in tools the agent may call (AgentVM extension); none by default
     tools: Annotated[list[BuiltinToolName], Field(max_length=16)] | None = None
+    # an agent definition to build from (AgentVM extension): resource://agents/<name>[@spec]
+    agent: Annotated[str, StringConstraints(min_length=1, max_length=300)] | None = None
 
     @field_validator("tools")
     @classmethod

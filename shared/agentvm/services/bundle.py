@@ -5,7 +5,9 @@ from __future__ import annotations
 from agentvm.services.agents import AgentService
 from agentvm.services.containers import ContainerService
 from agentvm.services.deps import Deps
+from agentvm.services.image_builder import ImageBuilder
 from agentvm.services.images import ImageService
+from agentvm.services.resources import ResourceService
 from agentvm.services.session_host import SessionHost
 from agentvm.services.sessions import SessionRegistry
 from agentvm.services.turns import TurnService
@@ -17,5 +19,6 @@ class Services:
         self.sessions: SessionHost = sessions if sessions is not None else SessionRegistry(deps)
         self.containers = ContainerService(deps)
         self.agents = AgentService(deps, self.sessions)
-        self.images = ImageService(deps, self.sessions, self.containers, self.agents)
+        self.resources = ResourceService(deps)
+        self.images = ImageService(deps, self.sessions, self.containers, self.agents, ImageBuilder(self.resources))
         self.turns = TurnService(deps, self.sessions, self.images, self.agents)

@@ -6,16 +6,26 @@ from typing import Any
 
 from agentvm.domain.models import Agent, Image, Principal, Session, StoredMessage
 from agentvm.engine.context import conversation_order
-from agentvm.errors import NotFound
+from agentvm.errors import InvalidRequest, NotFound
 from agentvm.ids import image_id, now_ms, session_id
 from agentvm.protocol.commands import ImageConfig, ImageListItem
 from agentvm.services.agents import AgentService
 from agentvm.services.containers import ContainerService
 from agentvm.services.deps import Deps
+from agentvm.services.image_builder import ImageBuilder
 from agentvm.services.session_host import SessionHost
 from agentvm.tools.mcp import parse_mcp_servers
 
 DEFAULT_IMAGE_NAME = "New Conversation"
+
+
+def enabled_builtins_check(tools: list[Any]) -> None:
+    from agentvm.tools.builtin import BUILTIN_TOOLS
+
+    unknown = [t for t in tools if t not in BUILTIN_TOOLS]
+    if unknown:
+        raise InvalidRequest(f"tools: unknown tool '{unknown[0]}' (built-in: {', '.join(BUILTIN_TOOLS)})",
+                             field="tools")
 
 
 def list_item(image: Image, agent: Agent | None) -> ImageListItem:
@@ -33,27 +43,41 @@ def list_item(image: Image, agent: Agent | None) -> ImageListItem:
 
 class ImageService:
     def __init__(self, deps: Deps, sessions: SessionHost, containers: ContainerService,
-                 agents: AgentService) -> None:
+                 agents: AgentService, builder: ImageBuilder) -> None:
         self.deps = deps
+        self.builder = builder
         self.sessions = sessions
         self.containers = containers
         self.agents = agents
 
     async def create(self, p: Principal, container_id: str, config: ImageConfig) -> Image:
+        built = await self.builder.build(p, agent=config.agent, system_prompt=config.system_prompt)
         await self.containers.ensure(p, container_id)
         ts = now_ms()
+        values = built.values  # from the agent definition; the config's own values win
         snapshot: dict[str, Any] = {}
-        if config.model:
-            snapshot["model"] = config.model
-        if config.max_tokens:
-            snapshot["maxTokens"] = config.max_tokens
-        if config.tools:
-            snapshot["tools"] = list(config.tools)
+        model = config.model or values.get("model")
+        if model:
+            snapshot["model"] = model
+        max_tokens = config.max_tokens or values.get("maxTokens")
+        if max_tokens:
+            snapshot["maxTokens"] = max_tokens
+        tools = list(config.tools) if config.tools else values.get("tools")
+        if tools:
+            snapshot["tools"] = list(tools)
+            enabled_builtins_check(snapshot["tools"])
         if config.mcp_servers:
             snapshot["mcpServers"] = {k: v.model_dump(exclude_none=True) for k, v in config.mcp_servers.items()}
+        elif values.get("mcpServers"):
+            snapshot["mcpServers"] = values["mcpServers"]
+        if "mcpServers" in snapshot:
             parse_mcp_servers(snapshot["mcpServers"])  # a bad config is refused now, not at the first turn
+        if built.pins:
+            snapshot["pins"] = built.pins
+            snapshot["sources"] = built.sources
+        description = config.description if config.description is not None else values.get("description")
         image = Image(p.tenant_id, image_id(), container_id, session_id(), config.name or DEFAULT_IMAGE_NAME,
-                      ts, ts, config.description, config.system_prompt, snapshot)
+                      ts, ts, description, built.system_prompt, snapshot)
         await self.deps.store.create_image(image, Session(p.tenant_id, image.session_id, image.image_id,
                                                            container_id, ts, ts))
         return image

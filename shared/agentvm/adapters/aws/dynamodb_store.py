@@ -4,21 +4,28 @@ Single-table design. Every id in a key is escaped (`%` → `%25`, `#` → `%23`)
 can never forge another tenant's key. `{created}` is epoch ms zero-padded to 16 digits, `{seq}` is
 zero-padded to 20 digits, so string order is numeric order.
 
-| Entity    | PK             | SK                | Index keys: GSI partition / sort                   | TTL        |
-|-----------|----------------|-------------------|----------------------------------------------------|------------|
-| Container | CONT#{t}#{cid} | CONT              | 1: TENANT#{t}#CONT / {created}#{cid}               | –          |
-| Image     | IMG#{t}#{iid}  | IMG               | 1: TENANT#{t}#IMG / {created}#{iid}                | –          |
-|           |                |                   | 2: CONT#{t}#{cid} / IMG#{created}#{iid}            |            |
-| Agent     | IMG#{t}#{iid}  | AGENT             | 1: TENANT#{t}#AGENT / {created}#{aid}              | –          |
-|           |                |                   | 2: CONT#{t}#{cid} / AGENT#{created}#{aid}          |            |
-|           |                |                   | 3: AGENT#{t}#{aid}                                 |            |
-| Session   | SESS#{t}#{sid} | SESS              | 4: EVLOG#{shard} / {t}#{sid}                       | –          |
-| Message   | SESS#{t}#{sid} | MSG#{mid}         | –                                                  | –          |
-| Events    | SESS#{t}#{sid} | EVB#{last}        | –                                                  | expires_at |
-| (parts)   | SESS#{t}#{sid} | EVB#{last}#{part} | – (only for one event above 300 KB compressed)     | expires_at |
-| Turn      | SESS#{t}#{sid} | TURN#{turn_id}    | 3: TURN#{t}#{turn_id}                              | –          |
-|           |                |                   | 4: TURN#{status}#{shard} / {created}#{t}#{turn_id} |            |
-|           |                |                   |    (only while queued or running)                  |            |
+| Entity    | PK               | SK                | Index keys: GSI partition / sort                   | TTL        |
+|-----------|------------------|-------------------|----------------------------------------------------|------------|
+| Container | CONT#{t}#{cid}   | CONT              | 1: TENANT#{t}#CONT / {created}#{cid}               | –          |
+| Image     | IMG#{t}#{iid}    | IMG               | 1: TENANT#{t}#IMG / {created}#{iid}                | –          |
+|           |                  |                   | 2: CONT#{t}#{cid} / IMG#{created}#{iid}            |            |
+| Agent     | IMG#{t}#{iid}    | AGENT             | 1: TENANT#{t}#AGENT / {created}#{aid}              | –          |
+|           |                  |                   | 2: CONT#{t}#{cid} / AGENT#{created}#{aid}          |            |
+|           |                  |                   | 3: AGENT#{t}#{aid}                                 |            |
+| Session   | SESS#{t}#{sid}   | SESS              | 4: EVLOG#{shard} / {t}#{sid}                       | –          |
+| Message   | SESS#{t}#{sid}   | MSG#{mid}         | –                                                  | –          |
+| Events    | SESS#{t}#{sid}   | EVB#{last}        | –                                                  | expires_at |
+| (parts)   | SESS#{t}#{sid}   | EVB#{last}#{part} | – (only for one event above 300 KB compressed)     | expires_at |
+| Turn      | SESS#{t}#{sid}   | TURN#{turn_id}    | 3: TURN#{t}#{turn_id}                              | –          |
+|           |                  |                   | 4: TURN#{status}#{shard} / {created}#{t}#{turn_id} |            |
+|           |                  |                   |    (only while queued or running)                  |            |
+| Resource  | RES#{t}#{rid}    | RES               | 1: TENANT#{t}#RES / {kn}#{t} (order-preserving)    | –          |
+|           |                  |                   | 3: PUBRES#{rid} (only while published)             |            |
+| (version) | RES#{t}#{rid}    | V#{vkey}#{ver}    | –                                                  | –          |
+| (name)    | RESNAME#{t}#{kn} | RESNAME           | –                                                  | –          |
+| (public)  | PUBNAME#{kn}     | PUBNAME           | 1: PUBLIC#RES / {kn}#{t} (order-preserving)        | –          |
+
+`{kn}` is `{kind}#{name}`.
 
 An event block, keyed by `{last}` (the last seq in it), holds events of one checkpoint:
 `first_seq`, `last_seq`, `n`, `created_at` and `oldest_created_at` (the newest and oldest event
@@ -71,6 +78,18 @@ Why this shape:
   clock in ns, strictly increasing per process): `list_messages` sorts by it, which is insertion
   order like SQLite's `pos` (a replayed message takes the position of the replay).
 * Strings stay strings (money, config/body as JSON text); numbers are read back as `int`.
+* Resources (the resource center): a head item `RES` holds the identity, the visibility, a
+  `revision` counter and the latest version's `version`, `version_key`, `description` and `tags`;
+  each immutable version is an item of the same partition (content, dependencies and tags as JSON
+  text). Names are claimed by conditional puts in the same transaction as the head: `RESNAME`
+  (one resource per tenant, kind and name) and, while published, `PUBNAME` (one per kind and
+  name across tenants; it carries the same latest-version attributes). Lists read GSI1: the
+  tenant's heads and the `PUBLIC#RES` partition of published names, merged; their sort key is
+  escaped order-preserving (`_ordered`) so the merge, the name-prefix key condition and the
+  cursor (the last sort key) agree with the (kind, name, owner) order. Another tenant reaches a
+  published resource by id through the head's sparse GSI3 key. Every write that changes the
+  visibility or the latest version is one transaction conditional on the head's `revision`.
+  A version is limited by DynamoDB's 400 KB item size.
 * Not carried over from SQLite on purpose: `commit` does not advance `Session.updated_at` (that
   would be a second write per message; nothing reads it).
 
@@ -84,12 +103,20 @@ compressed): a text turn's final checkpoint is 1 W of 3 items · list_messages 1
 2 R · list_turns 1 R/page · read_events 1 R/page (a page is up to 1 MB of blocks) · last_seq 1 R ·
 reserve_seqs 1 R + 1 W (+1 W if a seq was logged beyond every reservation) · prune_events 8 R +
 per session (1 R + 1 R per block cut in part + ceil(n/25) W, n = blocks deleted or rewritten) ·
-list_unfinished_turns 16 R + ceil(n/100) R.
+list_unfinished_turns 16 R + ceil(n/100) R · create_resource 1 W (TransactWriteItems, 3 items, 4
+when published) · add_resource_version 1 R + 1 W (TransactWriteItems, 2 items, 3 when the
+published name changes; again when another version was added meanwhile) · resource_versions 1
+R/page (own), 3 R (another tenant's published one), 2 R (none) · find_resource 1 R (BatchGetItem
+of both name claims) + 1 R/page · list_resources 2 R (one Query per list, more when filters drop
+items) + 1 R (BatchGetItem of the page's versions) · delete_resource 1 R/page + ceil(n/25) W + 1 W
+(TransactWriteItems, 2-3 items); 1 R when absent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import copy
 import itertools
 import random
@@ -111,13 +138,14 @@ from agentvm.domain.models import (
     Container,
     Image,
     LoggedEvent,
+    ResourceVersion,
     Session,
     StoredMessage,
     Turn,
     TurnStatus,
     Usage,
 )
-from agentvm.errors import Conflict
+from agentvm.errors import Conflict, InvalidRequest, NotFound
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
@@ -168,6 +196,10 @@ _BLOCK_BYTES = 300_000
 #: zlib level: 6 is 10-15 % smaller than 1 on a turn's events for ~0.1-0.2 ms more per checkpoint.
 _ZLIB_LEVEL = 6
 _UNFINISHED = (TurnStatus.QUEUED, TurnStatus.RUNNING)
+_RES_HEAD = "RES"
+_PUBLIC_LIST = "PUBLIC#RES"  # the GSI1 partition of every tenant's published resources
+#: The latest version's attributes a resource's listed items carry (what list filters read).
+_LATEST = ("version", "version_key", "description", "tags")
 
 
 class DynamoDBStore:
@@ -593,7 +625,192 @@ class DynamoDBStore:
         turns.sort(key=lambda t: (t.created_at, t.tenant_id, t.turn_id))
         return turns
 
+    # ---- resources ---------------------------------------------------------------------------
+
+    async def create_resource(self, first: ResourceVersion) -> None:
+        """One transaction: the head, the name claim, the first version (and the published name)."""
+        res = _Resource(first.tenant_id, first.resource_id, first.kind, first.name)
+        latest = _latest_attrs(first)
+        ops = [self._put_op(res.head(first.published, 1, latest), "attribute_not_exists(PK)"),
+               self._put_op(res.name_item(), "attribute_not_exists(PK)"),
+               self._put_op(_version_item(first), "attribute_not_exists(PK)")]
+        if first.published:
+            ops.append(self._claim_public(res, latest))
+        failed = await self._transact(ops)
+        if any(failed[:3]):
+            raise Conflict(f"Resource already exists: {res.kind}/{res.name}")
+        if failed:
+            raise Conflict(f"Another tenant already published {res.kind}/{res.name}")
+
+    async def add_resource_version(self, version: ResourceVersion) -> None:
+        """Read the head, then one transaction: the version, the head (its visibility and latest
+        version, conditional on the revision read) and the published name when it changes."""
+        while True:
+            head = await self._get(_resource_pk(version.tenant_id, version.resource_id), _RES_HEAD)
+            if head is None:
+                raise NotFound(f"Resource not found: {version.kind}/{version.name}")
+            res = _Resource.of(head)
+            was_published, revision = head["published"]["BOOL"], _int(head, "revision")
+            newest = (version.version_key, version.version) > (head["version_key"]["S"], head["version"]["S"])
+            latest = _latest_attrs(version) if newest else {a: head[a] for a in _LATEST}
+            ops = [self._put_op(_version_item(version), "attribute_not_exists(PK)"),
+                   self._put_op(res.head(version.published, revision + 1, latest), "#rev = :rev",
+                                ExpressionAttributeNames={"#rev": "revision"},
+                                ExpressionAttributeValues={":rev": _n(revision)})]
+            if version.published and (newest or not was_published):
+                ops.append(self._claim_public(res, latest))
+            elif was_published and not version.published:
+                # Unconditional: the published name of a published resource is its own (both
+                # change only together, in these transactions).
+                ops.append({"Delete": {"TableName": self.table_name, "Key": res.public_key}})
+            failed = await self._transact(ops)
+            if not failed:
+                return
+            if failed[0]:
+                raise Conflict(f"Version {version.version} of {res.kind}/{res.name} already exists")
+            if not failed[1]:
+                raise Conflict(f"Another tenant already published {res.kind}/{res.name}")
+            # else another version was added since the head was read: read it again
+
+    async def resource_versions(self, tenant_id: str, resource_id: str) -> list[ResourceVersion]:
+        own_pk = _resource_pk(tenant_id, resource_id)
+        own = await self._readable(tenant_id, own_pk)
+        if own:
+            return own
+        # Another tenant's resource is readable once published; GSI3 finds published heads by id.
+        keys = await self._query(IndexName=GSI_BY_ID, KeyConditionExpression="G3PK = :pk",
+                                 ExpressionAttributeValues={":pk": _s(_published_id(resource_id))})
+        for pk in sorted({k["PK"]["S"] for k in keys} - {own_pk}):
+            versions = await self._readable(tenant_id, pk)
+            if versions:
+                return versions
+        return []
+
+    async def find_resource(self, tenant_id: str, kind: str, name: str) -> list[ResourceVersion]:
+        own, public = _name_key(tenant_id, kind, name), _public_key(kind, name)
+        claims = {i["PK"]["S"]: i for i in await self._batch_get([own, public])}
+        for key in (own, public):  # the tenant's own resource wins
+            claim = claims.get(key["PK"]["S"])
+            if claim is not None:
+                versions = await self._readable(tenant_id, _resource_pk(claim["tenant_id"]["S"],
+                                                                        claim["resource_id"]["S"]))
+                if versions:
+                    return versions
+        return []
+
+    async def list_resources(self, tenant_id: str, *, kind: str | None = None, name: str | None = None,
+                             tag: str | None = None, query: str | None = None, limit: int = 50,
+                             cursor: str | None = None) -> tuple[list[ResourceVersion], str | None]:
+        """The tenant's heads and the published names (GSI1), merged in key order; then the page's
+        latest versions with one BatchGetItem.
+
+        Each partition is read up to `limit + 1` matching items after the cursor: the first
+        `limit + 1` of the merge are among them. Kind and name prefix are key conditions (the
+        list key is order-preserving, see `_list_sk`); tag and query are matched here, on the
+        latest version's description and tags that the listed items carry."""
+        limit = max(limit, 1)
+        after = _decode_cursor(cursor)
+        prefix = f"{_ordered(kind)}#{_ordered(name or '')}" if kind is not None else ""
+
+        def wanted(item: Item) -> bool:
+            return _listing_matches(item, name, tag, query)
+
+        own, public = await asyncio.gather(
+            self._listed(f"TENANT#{_k(tenant_id)}#RES", prefix, after, limit + 1, wanted),
+            # the tenant's own published resources are in its own list already
+            self._listed(_PUBLIC_LIST, prefix, after, limit + 1,
+                         lambda i: i["tenant_id"]["S"] != tenant_id and wanted(i)))
+        found = sorted(own + public, key=lambda i: str(i["G1SK"]["S"]))[:limit + 1]
+        page = found[:limit]
+        keys = [_key(_Resource.of(i).pk, _version_sk(i["version_key"]["S"], i["version"]["S"])) for i in page]
+        versions = {(v["PK"]["S"], v["SK"]["S"]): v for v in await self._batch_get(keys)}
+        out = [_resource_version(listed, versions[(key["PK"]["S"], key["SK"]["S"])])
+               for listed, key in zip(page, keys, strict=True)
+               if (key["PK"]["S"], key["SK"]["S"]) in versions]  # else deleted meanwhile
+        return out, _encode_cursor(page[-1]["G1SK"]["S"]) if len(found) > limit else None
+
+    async def delete_resource(self, tenant_id: str, resource_id: str) -> bool:
+        """The versions first (BatchWriteItem), then one transaction removes the head with the names,
+        conditional on the revision read: a version added meanwhile is found by the next round."""
+        pk = _resource_pk(tenant_id, resource_id)
+        while True:
+            items = await self._query(KeyConditionExpression="PK = :pk", ConsistentRead=True,
+                                      ExpressionAttributeValues={":pk": _s(pk)})
+            head = next((i for i in items if i["SK"]["S"] == _RES_HEAD), None)
+            await self._batch_write([{"DeleteRequest": {"Key": {"PK": i["PK"], "SK": i["SK"]}}}
+                                     for i in items if i is not head])
+            if head is None:
+                return False
+            res = _Resource.of(head)
+            ops: list[Item] = [
+                {"Delete": {"TableName": self.table_name, "Key": _key(pk, _RES_HEAD),
+                            "ConditionExpression": "#rev = :rev", "ExpressionAttributeNames": {"#rev": "revision"},
+                            "ExpressionAttributeValues": {":rev": head["revision"]}}},
+                {"Delete": {"TableName": self.table_name, "Key": res.name_key}}]
+            if head["published"]["BOOL"]:
+                ops.append({"Delete": {"TableName": self.table_name, "Key": res.public_key}})
+            if not await self._transact(ops):
+                return True
+
     # ---- request helpers ---------------------------------------------------------------------
+
+    def _put_op(self, item: Item, condition: str, **expression: Any) -> Item:
+        return {"Put": {"TableName": self.table_name, "Item": item, "ConditionExpression": condition, **expression}}
+
+    def _claim_public(self, res: _Resource, latest: Item) -> Item:
+        """Put the published name: free, or already this resource's (the owner has one per name)."""
+        return self._put_op(res.public_item(latest), "attribute_not_exists(PK) OR #owner = :owner",
+                            ExpressionAttributeNames={"#owner": "tenant_id"},
+                            ExpressionAttributeValues={":owner": _s(res.owner)})
+
+    async def _transact(self, ops: list[Item]) -> list[bool]:
+        """Write `ops` in one transaction: [] when written, else per operation whether its condition
+        failed. A cancellation without a failed condition (a conflicting transaction) raises."""
+        try:
+            await self.client.transact_write_items(TransactItems=cast(Any, ops))
+        except ClientError as exc:
+            failed = _failed_conditions(exc)
+            if not any(failed):
+                raise
+            return failed + [False] * (len(ops) - len(failed))
+        return []
+
+    async def _readable(self, reader: str, pk: str) -> list[ResourceVersion]:
+        """The versions of the resource in partition `pk` (highest first) if `reader` may read it."""
+        items = await self._query(KeyConditionExpression="PK = :pk", ConsistentRead=True,
+                                  ExpressionAttributeValues={":pk": _s(pk)})
+        head = next((i for i in items if i["SK"]["S"] == _RES_HEAD), None)
+        if head is None or (head["tenant_id"]["S"] != reader and not head["published"]["BOOL"]):
+            return []
+        versions = [_resource_version(head, i) for i in items if i is not head]
+        versions.sort(key=lambda v: (v.version_key, v.version), reverse=True)
+        return versions
+
+    async def _listed(self, g1pk: str, prefix: str, after: str | None, want: int,
+                      keep: Callable[[Item], bool]) -> list[Item]:
+        """Up to `want` items of a GSI1 resource list that `keep` accepts, in key order, whose key
+        starts with `prefix` and is above `after`."""
+        if after is not None and after >= prefix:
+            condition, values = "G1PK = :pk AND G1SK > :sk", {":pk": _s(g1pk), ":sk": _s(after)}
+        elif prefix:
+            condition, values = "G1PK = :pk AND begins_with(G1SK, :sk)", {":pk": _s(g1pk), ":sk": _s(prefix)}
+        else:
+            condition, values = "G1PK = :pk", {":pk": _s(g1pk)}
+        params: dict[str, Any] = {"TableName": self.table_name, "IndexName": GSI_TENANT, "Limit": want,
+                                  "KeyConditionExpression": condition, "ExpressionAttributeValues": values}
+        out: list[Item] = []
+        while True:
+            resp = await self.client.query(**params)
+            for item in resp.get("Items", []):
+                if not item["G1SK"]["S"].startswith(prefix):  # past the prefix (read from `after`)
+                    return out
+                if keep(item):
+                    out.append(item)
+                    if len(out) == want:
+                        return out
+            if "LastEvaluatedKey" not in resp:
+                return out
+            params["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
     async def _get(self, pk: str, sk: str) -> Item | None:
         resp = await self.client.get_item(TableName=self.table_name, Key=_key(pk, sk), ConsistentRead=True)
@@ -896,6 +1113,14 @@ def _failed_item(exc: ClientError) -> Item | None:
     return cast(Item, item) if isinstance(item, dict) else None
 
 
+def _failed_conditions(exc: ClientError) -> list[bool]:
+    """Per operation of a cancelled transaction, whether its condition failed ([] for other errors)."""
+    if _error_code(exc) != "TransactionCanceledException":
+        return []
+    reasons = cast(Mapping[str, Any], exc.response).get("CancellationReasons") or []
+    return [r.get("Code") == "ConditionalCheckFailed" for r in reasons]
+
+
 # ---- records ---------------------------------------------------------------------------------
 
 
@@ -946,6 +1171,135 @@ def _turn(i: Mapping[str, Any]) -> Turn:
         list_cost=i["list_cost"]["S"], billed_cost=i["billed_cost"]["S"], error_code=_opt_s(i, "error_code"),
         error_message=_opt_s(i, "error_message"), started_at=_opt_int(i, "started_at"),
         ended_at=_opt_int(i, "ended_at"))
+
+
+# ---- resources -------------------------------------------------------------------------------
+
+
+def _ordered(value: str) -> str:
+    """Escape for a key that must sort like its parts: every character up to "%" becomes %XX, so
+    "#" (the separator) sorts below every escaped part's characters and "#"-joined keys sort like
+    the tuples of their parts (and a prefix of a part stays a prefix of its key)."""
+    return "".join(f"%{ord(ch):02X}" if ch <= "%" else ch for ch in value)
+
+
+def _list_sk(kind: str, name: str, owner: str) -> str:
+    return f"{_ordered(kind)}#{_ordered(name)}#{_ordered(owner)}"
+
+
+def _resource_pk(owner: str, resource_id: str) -> str:
+    return f"RES#{_k(owner)}#{_k(resource_id)}"
+
+
+def _version_sk(version_key: str, version: str) -> str:
+    return f"V#{_k(version_key)}#{_k(version)}"
+
+
+def _name_key(owner: str, kind: str, name: str) -> Item:
+    return _key(f"RESNAME#{_k(owner)}#{_k(kind)}#{_k(name)}", "RESNAME")
+
+
+def _public_key(kind: str, name: str) -> Item:
+    return _key(f"PUBNAME#{_k(kind)}#{_k(name)}", "PUBNAME")
+
+
+def _published_id(resource_id: str) -> str:
+    return f"PUBRES#{_k(resource_id)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Resource:
+    """A resource's identity, and the keys and shared attributes of its items."""
+
+    owner: str
+    resource_id: str
+    kind: str
+    name: str
+
+    @staticmethod
+    def of(item: Mapping[str, Any]) -> _Resource:
+        return _Resource(item["tenant_id"]["S"], item["resource_id"]["S"], item["kind"]["S"], item["name"]["S"])
+
+    @property
+    def pk(self) -> str:
+        return _resource_pk(self.owner, self.resource_id)
+
+    @property
+    def name_key(self) -> Item:
+        return _name_key(self.owner, self.kind, self.name)
+
+    @property
+    def public_key(self) -> Item:
+        return _public_key(self.kind, self.name)
+
+    def _listed_attrs(self, g1pk: str, published: bool, latest: Item) -> Item:
+        return {"G1PK": _s(g1pk), "G1SK": _s(_list_sk(self.kind, self.name, self.owner)),
+                "tenant_id": _s(self.owner), "resource_id": _s(self.resource_id), "kind": _s(self.kind),
+                "name": _s(self.name), "published": {"BOOL": published}, **latest}
+
+    def head(self, published: bool, revision: int, latest: Item) -> Item:
+        item: Item = {"PK": _s(self.pk), "SK": _s(_RES_HEAD), "revision": _n(revision),
+                      **self._listed_attrs(f"TENANT#{_k(self.owner)}#RES", published, latest)}
+        if published:  # sparse: other tenants find a published resource by id through GSI3
+            item["G3PK"] = _s(_published_id(self.resource_id))
+        return item
+
+    def name_item(self) -> Item:
+        return {**self.name_key, "tenant_id": _s(self.owner), "resource_id": _s(self.resource_id)}
+
+    def public_item(self, latest: Item) -> Item:
+        return {**self.public_key, **self._listed_attrs(_PUBLIC_LIST, True, latest)}
+
+
+def _latest_attrs(v: ResourceVersion) -> Item:
+    return {"version": _s(v.version), "version_key": _s(v.version_key), "description": _s(v.description),
+            "tags": _s(orjson.dumps(v.tags).decode())}
+
+
+def _version_item(v: ResourceVersion) -> Item:
+    # JSON text, not maps and lists: nested floats would come back as Decimal otherwise.
+    return {"PK": _s(_resource_pk(v.tenant_id, v.resource_id)), "SK": _s(_version_sk(v.version_key, v.version)),
+            **_latest_attrs(v), "content": _s(orjson.dumps(v.content).decode()), "content_hash": _s(v.content_hash),
+            "dependencies": _s(orjson.dumps(v.dependencies).decode()), "created_at": _n(v.created_at)}
+
+
+def _resource_version(resource: Mapping[str, Any], v: Mapping[str, Any]) -> ResourceVersion:
+    """A version item read with its resource's head or listed item (identity and visibility)."""
+    return ResourceVersion(
+        tenant_id=resource["tenant_id"]["S"], resource_id=resource["resource_id"]["S"], kind=resource["kind"]["S"],
+        name=resource["name"]["S"], version=v["version"]["S"], version_key=v["version_key"]["S"],
+        content=orjson.loads(v["content"]["S"]), content_hash=v["content_hash"]["S"],
+        dependencies=tuple(orjson.loads(v["dependencies"]["S"])), description=v["description"]["S"],
+        tags=tuple(orjson.loads(v["tags"]["S"])), published=bool(resource["published"]["BOOL"]),
+        created_at=_int(v, "created_at"))
+
+
+def _listing_matches(item: Mapping[str, Any], name: str | None, tag: str | None, query: str | None) -> bool:
+    tags: list[str] = orjson.loads(item["tags"]["S"])
+    if name and not item["name"]["S"].startswith(name):  # without a kind it is not a key condition
+        return False
+    if tag is not None and tag not in tags:
+        return False
+    if not query:
+        return True
+    q = query.casefold()
+    return any(q in text.casefold() for text in (item["name"]["S"], item["description"]["S"], *tags))
+
+
+def _encode_cursor(list_sk: str) -> str:
+    return base64.urlsafe_b64encode(list_sk.encode()).decode()
+
+
+def _decode_cursor(cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    try:
+        after = base64.b64decode(cursor, altchars=b"-_", validate=True).decode()
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest("Invalid cursor", field="cursor") from exc
+    if not after:
+        raise InvalidRequest("Invalid cursor", field="cursor")
+    return after
 
 
 if TYPE_CHECKING:

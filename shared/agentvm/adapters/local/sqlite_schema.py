@@ -101,4 +101,34 @@ MIGRATIONS: list[str] = [
     CREATE INDEX turns_by_session ON turns (tenant_id, session_id, created_at);
     CREATE INDEX turns_by_status ON turns (status);
     """,
+    # 2: the resource center. Visibility belongs to the resource; description and tags to each
+    # version. The partial index keeps a published kind/name unique across tenants.
+    """
+    CREATE TABLE resources (
+        tenant_id TEXT NOT NULL,
+        resource_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        published INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (tenant_id, resource_id)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX resources_by_name ON resources (tenant_id, kind, name);
+    CREATE UNIQUE INDEX resources_published ON resources (kind, name) WHERE published = 1;
+    CREATE INDEX resources_by_id ON resources (resource_id);
+
+    CREATE TABLE resource_versions (
+        tenant_id TEXT NOT NULL,
+        resource_id TEXT NOT NULL,
+        version TEXT NOT NULL,
+        version_key TEXT NOT NULL,
+        content TEXT NOT NULL,
+        content_hash TEXT NOT NULL,
+        dependencies TEXT NOT NULL,
+        description TEXT NOT NULL,
+        tags TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (tenant_id, resource_id, version)
+    ) WITHOUT ROWID;
+    CREATE INDEX resource_versions_by_key ON resource_versions (tenant_id, resource_id, version_key);
+    """,
 ]
