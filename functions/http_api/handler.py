@@ -1,15 +1,33 @@
-"""The HTTP API (management API) through Mangum."""
+"""The HTTP API (management API) through Mangum: every request names its caller with an API key
+(`Authorization: Bearer <key>`); another tenant's ids answer as not found."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mangum import Mangum
+from starlette.requests import Request
 
-from agentvm.api.http_app import create_app
+from agentvm.api.http_app import HttpApi, create_app
+from agentvm.auth.api_keys import extract_token
+from agentvm.cloud.runtime import loop, runtime
+from agentvm.domain.models import Principal
+from agentvm.services.resources import ResourceService
 
-_asgi = Mangum(create_app(), lifespan="off")
+
+async def _principal(request: Request) -> Principal:
+    rt = await runtime().ready()
+    # the header only: a key in a URL ends up in access logs
+    return await rt.authenticator.authenticate(extract_token(request.headers, None))
+
+
+def _resources() -> ResourceService:
+    return ResourceService(runtime().store)  # a thin object over the environment's store
+
+
+_asgi = Mangum(create_app(api=HttpApi(resources=_resources, principal_for=_principal)), lifespan="off")
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    loop()  # the environment's loop, shared with the runtime's clients
     return _asgi(event, context)

@@ -182,3 +182,53 @@ def test_avm_keys_create_names_a_missing_table(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("AVM_TABLE_NAME", raising=False)
     assert main(["keys", "create", "--tenant", "acme"]) == 2
     assert "--table: required" in capsys.readouterr().err
+
+
+def http_event(method: str, path: str, *, token: str | None = None, body: Any = None,
+               query: str = "") -> dict[str, Any]:
+    ev = event("http_health")
+    ev["rawPath"], ev["rawQueryString"] = path, query
+    ev["requestContext"]["http"].update({"method": method, "path": path})
+    headers = {**ev["headers"], "content-type": "application/json"}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    ev["headers"] = headers
+    if body is not None:
+        ev["body"] = json.dumps(body)
+    return ev
+
+
+def test_http_api_serves_the_resource_center_per_tenant(cloud: cloud_runtime.CloudRuntime) -> None:
+    keys = DynamoDBKeys(cloud.store)
+    alice_key, alice = new_key("alice")
+    bob_key, bob = new_key("bob")
+    cloud_runtime.run(keys.put_key(alice_key))
+    cloud_runtime.run(keys.put_key(bob_key))
+    api = load_handler("http_api")
+
+    def call(method: str, path: str, token: str | None, body: Any = None, query: str = "") -> tuple[int, Any]:
+        response = api.handler(http_event(method, path, token=token, body=body, query=query), None)
+        return response["statusCode"], json.loads(response["body"]) if response.get("body") else None
+
+    status, created = call("POST", "/v1/resources", alice, {"kind": "prompt", "name": "greeting", "version": "1.0.0",
+                                                             "content": {"text": "Hi"}})
+    assert status == 201, created
+    status, _ = call("PUT", f"/v1/resources/{created['resourceId']}", alice,
+                     {"version": "1.1.0", "content": {"text": "Hello"}})
+    assert status == 201
+    query = urllib.parse.urlencode({"uri": "resource://prompts/greeting@^1"})
+    status, resolved = call("GET", "/v1/resources/resolve", alice, query=query)
+    assert (status, resolved["resolved"]) == (200, "resource://prompts/greeting@1.1.0")
+    # bob sees nothing of alice's private resource: not found, exactly as an id that does not exist
+    rid = created["resourceId"]
+    assert call("GET", f"/v1/resources/{rid}", bob) == (404, {"error": {
+        "code": "not_found", "message": f"Resource not found: {rid}", "field": "resourceId"}})
+    assert call("GET", "/v1/resources/res_nope", bob)[1]["error"]["message"] == "Resource not found: res_nope"
+    assert call("GET", "/v1/resources", bob) == (200, {"items": [], "nextCursor": None})
+    assert call("DELETE", f"/v1/resources/{created['resourceId']}", bob)[0] == 404
+    # no key, a bad key: 401 in the one error shape
+    status, body = call("GET", "/v1/resources", None)
+    assert status == 401 and body["error"]["code"] == "unauthorized"
+    assert call("GET", "/v1/resources", "avmk_nope.nope")[0] == 401
+    status, body = call("GET", "/v1/resources", alice)
+    assert [i["version"] for i in body["items"]] == ["1.1.0"]

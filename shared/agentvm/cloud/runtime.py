@@ -56,11 +56,18 @@ class _Environment(threading.local):
 _env = _Environment()
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run one invocation's work on the environment's event loop."""
+def loop() -> asyncio.AbstractEventLoop:
+    """The environment's event loop, made the thread's current one (Mangum runs the HTTP app on the
+    current loop: the runtime's clients and the app must share one)."""
     if _env.loop is None or _env.loop.is_closed():
         _env.loop = asyncio.new_event_loop()
-    return _env.loop.run_until_complete(coro)
+    asyncio.set_event_loop(_env.loop)
+    return _env.loop
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one invocation's work on the environment's event loop."""
+    return loop().run_until_complete(coro)
 
 
 def build_driver(settings: Settings, api_key: str | None) -> Driver:

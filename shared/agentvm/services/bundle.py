@@ -19,6 +19,6 @@ class Services:
         self.sessions: SessionHost = sessions if sessions is not None else SessionRegistry(deps)
         self.containers = ContainerService(deps)
         self.agents = AgentService(deps, self.sessions)
-        self.resources = ResourceService(deps)
+        self.resources = ResourceService(deps.store)
         self.images = ImageService(deps, self.sessions, self.containers, self.agents, ImageBuilder(self.resources))
         self.turns = TurnService(deps, self.sessions, self.images, self.agents)

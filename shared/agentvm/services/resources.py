@@ -21,7 +21,7 @@ from agentvm.domain.resource_uri import KIND_SEGMENTS, ResourceRef, is_valid_nam
 from agentvm.domain.semver import Version, VersionSpec, best_match, version_key
 from agentvm.errors import Conflict, InvalidRequest, NotFound
 from agentvm.ids import now_ms, resource_id
-from agentvm.services.deps import Deps
+from agentvm.ports import Store
 
 JSON = dict[str, Any]
 
@@ -60,8 +60,8 @@ def _plural(kind: str) -> str:
 
 
 class ResourceService:
-    def __init__(self, deps: Deps) -> None:
-        self.deps = deps
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     # ---- writing ---------------------------------------------------------------------------------
 
@@ -75,14 +75,14 @@ class ResourceService:
                                  "digit, at most 100 characters", field="name")
         rv = await self._version(p, resource_id(), kind, name, version, content, dependencies, description,
                                  tags, published)
-        await self.deps.store.create_resource(rv)
+        await self.store.create_resource(rv)
         return rv
 
     async def add_version(self, p: Principal, rid: str, *, version: str, content: JSON,
                           dependencies: list[str] | None = None, description: str | None = None,
                           tags: list[str] | None = None, published: bool | None = None) -> ResourceVersion:
         """A new immutable version of the caller's own resource (omitted fields keep the latest's)."""
-        versions = await self.deps.store.resource_versions(p.tenant_id, rid)
+        versions = await self.store.resource_versions(p.tenant_id, rid)
         own = [v for v in versions if v.tenant_id == p.tenant_id]
         if not own:
             raise NotFound(f"Resource not found: {rid}", field="resourceId")
@@ -92,23 +92,23 @@ class ResourceService:
             list(latest.dependencies) if dependencies is None else dependencies,
             latest.description if description is None else description,
             list(latest.tags) if tags is None else tags, latest.published if published is None else published)
-        await self.deps.store.add_resource_version(rv)
+        await self.store.add_resource_version(rv)
         return rv
 
     async def delete(self, p: Principal, rid: str, *, force: bool = False) -> None:
         """Delete every version; refused while an image of the caller pins it, unless forced."""
-        versions = await self.deps.store.resource_versions(p.tenant_id, rid)
+        versions = await self.store.resource_versions(p.tenant_id, rid)
         own = [v for v in versions if v.tenant_id == p.tenant_id]
         if not own:
             raise NotFound(f"Resource not found: {rid}", field="resourceId")
         if not force:
             uri = f"resource://{_plural(own[0].kind)}/{own[0].name}"
-            pinned_by = [i.image_id for i in await self.deps.store.list_images(p.tenant_id)
+            pinned_by = [i.image_id for i in await self.store.list_images(p.tenant_id)
                          if uri in (i.config.get("pins") or {})]
             if pinned_by:
                 raise Conflict(f"{uri} is pinned by {len(pinned_by)} image(s) ({', '.join(pinned_by[:5])}); "
                                "delete them first or delete with force=true")
-        await self.deps.store.delete_resource(p.tenant_id, rid)
+        await self.store.delete_resource(p.tenant_id, rid)
 
     async def _version(self, p: Principal, rid: str, kind: str, name: str, version: str, content: JSON,
                        dependencies: list[str] | None, description: str, tags: list[str] | None,
@@ -147,7 +147,7 @@ class ResourceService:
 
     async def get(self, p: Principal, rid: str) -> list[ResourceVersion]:
         """Every version the caller may read, highest first."""
-        versions = await self.deps.store.resource_versions(p.tenant_id, rid)
+        versions = await self.store.resource_versions(p.tenant_id, rid)
         if not versions:
             raise NotFound(f"Resource not found: {rid}", field="resourceId")
         return versions
@@ -159,7 +159,7 @@ class ResourceService:
             raise InvalidRequest(f"kind: must be one of {', '.join(RESOURCE_KINDS)}", field="kind")
         if not 1 <= limit <= 200:
             raise InvalidRequest("limit: between 1 and 200", field="limit")
-        return await self.deps.store.list_resources(p.tenant_id, kind=kind, name=name, tag=tag, query=query,
+        return await self.store.list_resources(p.tenant_id, kind=kind, name=name, tag=tag, query=query,
                                                     limit=limit, cursor=cursor)
 
     async def resolve(self, p: Principal, uri: str) -> Resolved:
@@ -177,7 +177,7 @@ class ResourceService:
             raise InvalidRequest(f"dependency cycle: {cycle}", field="dependencies")
         if depth > MAX_DEPTH:
             raise InvalidRequest(f"dependencies nest deeper than {MAX_DEPTH} levels at {uri}", field="dependencies")
-        versions = await self.deps.store.find_resource(p.tenant_id, ref.kind, ref.name)
+        versions = await self.store.find_resource(p.tenant_id, ref.kind, ref.name)
         chosen = _choose(versions, ref.spec)
         if chosen is None:
             via = f" (required by {' → '.join(path)})" if path else ""
