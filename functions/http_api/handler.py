@@ -12,6 +12,8 @@ from agentvm.api.http_app import HttpApi, create_app
 from agentvm.auth.api_keys import extract_token
 from agentvm.cloud.runtime import loop, runtime
 from agentvm.domain.models import Principal
+from agentvm.errors import Forbidden, NotConfigured
+from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
 
 
@@ -21,11 +23,27 @@ async def _principal(request: Request) -> Principal:
     return await rt.authenticator.authenticate(extract_token(request.headers, None))
 
 
+async def _admin(request: Request) -> Principal:
+    rt = await runtime().ready()
+    key = await rt.authenticator.authenticate_key(extract_token(request.headers, None))
+    if "admin" not in key.scopes:
+        raise Forbidden("This needs an admin key: the configuration belongs to the deployment, not to a tenant")
+    return Principal(key.tenant_id, key.key_id)
+
+
 def _resources() -> ResourceService:
     return ResourceService(runtime().store)  # a thin object over the environment's store
 
 
-_asgi = Mangum(create_app(api=HttpApi(resources=_resources, principal_for=_principal)), lifespan="off")
+def _config() -> ConfigService:
+    config = runtime().config
+    if config is None:
+        raise NotConfigured("AVM_CONFIG_PATH is not set: this deployment has no runtime configuration")
+    return config
+
+
+_asgi = Mangum(create_app(api=HttpApi(resources=_resources, principal_for=_principal, config=_config,
+                                      admin_for=_admin)), lifespan="off")
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from agentvm.adapters.local.local_container_tier import LocalContainerTier
 from agentvm.adapters.local.local_disk import LocalDisk
 from agentvm.adapters.local.local_env import EnvLLMProvider, ProcessEnv
 from agentvm.adapters.local.local_process import LocalProcessRunner
+from agentvm.adapters.local.sqlite_config import SqliteConfigStore
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
 from agentvm.adapters.local.ws_hub import LocalHub
@@ -34,6 +35,7 @@ from agentvm.ports import Driver
 from agentvm.sandbox.limits import Limits
 from agentvm.sandbox.uids import ToolUids
 from agentvm.services.bundle import Services
+from agentvm.services.config import ConfigService, from_settings
 from agentvm.services.deps import Deps
 from agentvm.services.recovery import recover_unfinished_turns
 from agentvm.services.sessions import SessionRegistry
@@ -85,6 +87,7 @@ class Runtime:
     driver: Driver
     container_tier: LocalContainerTier
     mcp: McpPool
+    config: ConfigService
 
 
 def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtime:
@@ -101,8 +104,10 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
                                                 uids=ToolUids(settings.data_dir / "tool-uids.json"),
                                                 limits=Limits(timeout_s=settings.tool_timeout_s),
                                                 preview_bytes=settings.tool_preview_bytes, mcp=mcp, stdio=stdio))
+    config = from_settings(settings, SqliteConfigStore(store), ProcessEnv(),
+                           file=settings.config_file or settings.data_dir / "config.yaml")
     deps = Deps(store=store, fanout=hub, driver=drv, options=options, tools=ToolCatalog(pool=mcp, stdio=stdio),
-                container_tier=sandbox, sandbox_tools=sandbox)
+                container_tier=sandbox, sandbox_tools=sandbox, turn_options=config)
     sessions = SessionRegistry(deps)
     services = Services(deps, sessions)
     router = CommandRouter(services, hub)
@@ -119,6 +124,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         await store.open()
+        await config.load_file()  # a bad config file stops the server here, naming the key
         await recover_unfinished_turns(store)
         maintenance = asyncio.get_running_loop().create_task(_maintain(runtime))
         try:
@@ -134,10 +140,10 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
         return open_principal  # the open local mode, as on the WebSocket (keys: issue 7)
 
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
-                                                     principal_for=http_principal))
+                                                     principal_for=http_principal, config=lambda: config))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
-    runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp)
+    runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config)
     return runtime
 
 

@@ -63,6 +63,7 @@ async def _serve(args: argparse.Namespace) -> int:
                 port = sock.getsockname()[1]
         banner(rt, port)
 
+    await rt.config.load_file()  # a bad config file: one line naming the key, before anything listens
     task = asyncio.get_running_loop().create_task(announce())
     await server.serve()
     task.cancel()
@@ -82,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"avm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    from avm import chat, keys
+    from avm import chat, config_cmd, keys
 
     chat.register(sub)
     keys.register(sub)
+    config_cmd.register(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
@@ -94,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(chat.run_chat, args)
         if args.command == "keys":
             return _run(keys.run_keys, args)
+        if args.command == "config":
+            return _run(config_cmd.run_config, args)
     except KeyboardInterrupt:
         return 130
     except ValidationError as exc:

@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     sandbox_isolation: Literal["auto", "bwrap", "none"] = Field("auto", description=(
         "Tool sandbox: bubblewrap when usable (auto), required (bwrap), or never (none: rlimits, a "
         "scrubbed environment, path confinement and, as root, a uid per container)."))
+    config_file: Path | None = Field(None, description=(
+        "The config center's file layer (default <data-dir>/config.yaml; docs/configuration.md)."))
     mcp_idle_s: float = Field(300.0, gt=0, description="A container's MCP servers stop after this long unused.")
     log_level: str = Field("INFO", description="Log level of the structured stderr log.")
     reliable_wrapper: bool = Field(True, description=(

@@ -35,9 +35,21 @@ class Unauthorized(AgentVMError):
     http_status = 401
 
 
+class Forbidden(AgentVMError):
+    code = "forbidden"
+    http_status = 403
+
+
 class QuotaExceeded(AgentVMError):
     code = "quota_exceeded"
     http_status = 429
+
+
+class NotConfigured(AgentVMError):
+    """The deployment lacks a setting this request needs."""
+
+    code = "not_configured"
+    http_status = 503
 
 
 class ContainerUnavailable(AgentVMError):

@@ -10,6 +10,7 @@ from agentvm.auth.api_keys import ApiKey
 from agentvm.domain.models import (
     Agent,
     Checkpoint,
+    ConfigChange,
     ConnectionRecord,
     Container,
     FileInfo,
@@ -172,6 +173,24 @@ class SessionLeases(Protocol):
 
     async def get_turns(self, tenant_id: str, session_id: str, turn_ids: Collection[str]) -> list[Turn]:
         """The session's turns with these ids (missing ones are left out), oldest first."""
+        ...
+
+
+class ConfigStore(Protocol):
+    """The runtime layer of the configuration (values set through `/v1/config`): persisted, with an
+    audit trail. Values are JSON texts; `secret` values are stored encrypted where the backend can
+    (SSM SecureString) and are never written to the audit trail in clear."""
+
+    async def runtime_values(self) -> dict[str, str]:
+        """Every value of the runtime layer: key → JSON text."""
+        ...
+
+    async def set_value(self, key: str, value_json: str | None, *, secret: bool, change: ConfigChange) -> None:
+        """Set (or, with None, remove) one value and append `change` to the audit trail, together."""
+        ...
+
+    async def changes(self, limit: int = 100) -> list[ConfigChange]:
+        """The audit trail, newest first."""
         ...
 
 

@@ -232,3 +232,32 @@ def test_http_api_serves_the_resource_center_per_tenant(cloud: cloud_runtime.Clo
     assert call("GET", "/v1/resources", "avmk_nope.nope")[0] == 401
     status, body = call("GET", "/v1/resources", alice)
     assert [i["version"] for i in body["items"]] == ["1.1.0"]
+
+
+def test_http_api_config_needs_an_admin_key_and_lives_in_ssm(cloud: cloud_runtime.CloudRuntime,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cloud.settings, "config_path", f"/agentvm/test-{uuid.uuid4().hex[:8]}/")
+    keys = DynamoDBKeys(cloud.store)
+    admin_key, admin = new_key("ops", ("admin",))
+    user_key, user = new_key("alice")
+    cloud_runtime.run(keys.put_key(admin_key))
+    cloud_runtime.run(keys.put_key(user_key))
+    api = load_handler("http_api")
+
+    def call(method: str, path: str, token: str | None, body: Any = None) -> tuple[int, Any]:
+        response = api.handler(http_event(method, path, token=token, body=body), None)
+        return response["statusCode"], json.loads(response["body"])
+
+    status, body = call("PUT", "/v1/config/llm.model", user, {"value": "claude-haiku-4-5"})
+    assert (status, body["error"]["code"]) == (403, "forbidden")
+    status, body = call("PUT", "/v1/config/llm.model", admin, {"value": "claude-haiku-4-5"})
+    assert (status, body["source"], body["value"]) == (200, "runtime", "claude-haiku-4-5")
+    status, body = call("PUT", "/v1/config/llm.apiKey", admin, {"value": "sk-ant-cloud-secret"})
+    assert status == 200 and "sk-ant-cloud-secret" not in json.dumps(body)
+    status, body = call("GET", "/v1/config", admin)
+    assert status == 200 and "sk-ant-cloud-secret" not in json.dumps(body)
+    assert body["values"]["llm.model"]["layers"]["runtime"] == "claude-haiku-4-5"
+    # the next turn's options come from there (the chat_turn path reads the same config center)
+    options = cloud_runtime.run(cloud.config.engine_options(cloud.options(None))) if cloud.config else None
+    assert options is not None and options.default_model == "claude-haiku-4-5"
+    assert call("PUT", "/v1/config/llm.maxTokens", admin, {"value": -1})[0] == 400

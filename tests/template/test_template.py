@@ -467,7 +467,12 @@ def test_policies_are_least_privilege(name: str) -> None:
                 else:
                     assert re.fullmatch(r"\$\{Bucket\.Arn\}/[a-z]+/\*", text), f"{name}: whole bucket {text}"
             elif service == "ssm":
-                assert set(actions) <= {"ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath"}
+                reads = {"ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath"}
+                # only the management API writes the config center's runtime layer, and only under its path
+                writes = {"ssm:PutParameter", "ssm:DeleteParameter"} if name == "HttpApiFunction" else set()
+                assert set(actions) <= reads | writes, f"{name}: {actions}"
+                if set(actions) & writes:
+                    assert text == CONFIG_PARAMETER_ARN + "/*", f"{name}: writes {text}"
                 assert text in (CONFIG_PARAMETER_ARN, CONFIG_PARAMETER_ARN + "/*"), f"{name}: {text}"
             elif service == "secretsmanager":
                 assert actions == ["secretsmanager:GetSecretValue"] and resource == {"Ref": "LlmSecretArn"}

@@ -15,9 +15,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agentvm import __version__
+from agentvm.api.config_http import config_router
 from agentvm.api.resources_http import resources_router
 from agentvm.domain.models import Principal
 from agentvm.errors import AgentVMError
+from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
 
 
@@ -28,6 +30,9 @@ class HttpApi:
 
     resources: Callable[[], ResourceService]
     principal_for: Callable[[Request], Awaitable[Principal]]
+    config: Callable[[], ConfigService] | None = None  # None: this deployment serves no /v1/config
+    # who may read and change the configuration (the deployment's, not a tenant's): admin keys
+    admin_for: Callable[[Request], Awaitable[Principal]] | None = None
 
 
 def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
@@ -59,5 +64,7 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
 
     if api is not None:
         app.include_router(resources_router(api.resources, api.principal_for))
+        if api.config is not None:
+            app.include_router(config_router(api.config, api.admin_for or api.principal_for))
     return app
 

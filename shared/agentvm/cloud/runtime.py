@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentvm.adapters.aws.apigw_gateway import MAX_FRAME_BYTES, ApiGatewayGateway
-from agentvm.adapters.aws.aws_env import AwsEnv, ParameterValues, SecretLLMProvider, SecretValues
+from agentvm.adapters.aws.aws_env import SecretLLMProvider, SecretValues
 from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from agentvm.adapters.aws.ecs_tasks import EcsContainerTier
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
+    from agentvm.services.config import ConfigService
     from agentvm.services.deps import Deps
     from agentvm.services.session_worker import SessionWorker
     from agentvm.worker.container_worker import ContainerWorker
@@ -151,21 +152,25 @@ class CloudRuntime:
         return SecretValues(endpoint_url=self.settings.aws_endpoint_url, region_name=self.settings.aws_region)
 
     @functools.cached_property
-    def env(self) -> AwsEnv | None:
-        """The runtime configuration under AVM_CONFIG_PATH (SSM, `secret:` values from Secrets
-        Manager), when the deployment has one. Nothing is read until asked."""
-        s = self.settings
-        if not s.config_path:
-            return None
-        return AwsEnv(ParameterValues(endpoint_url=s.aws_endpoint_url, region_name=s.aws_region), s.config_path,
-                      self.secrets)
-
-    @functools.cached_property
     def llm(self) -> SecretLLMProvider:
         """The LLM key: AVM_LLM_API_KEY (or its aliases) when set, else the secret AVM_LLM_SECRET_ARN."""
         s = self.settings
         explicit = s.llm_api_key.get_secret_value() if s.llm_api_key is not None else None
         return SecretLLMProvider(self.secrets, s.llm_secret_arn, explicit=explicit)
+
+    @functools.cached_property
+    def config(self) -> ConfigService | None:
+        """The config center: built-in defaults < the function's environment < the runtime layer
+        under the template's SSM path (cached 30 s per environment). None without AVM_CONFIG_PATH."""
+        s = self.settings
+        if not s.config_path:
+            return None
+        from agentvm.adapters.aws.ssm_config import SsmConfigStore
+        from agentvm.adapters.local.local_env import ProcessEnv
+        from agentvm.services.config import from_settings
+
+        store = SsmConfigStore(s.config_path, self.store, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region)
+        return from_settings(s, store, ProcessEnv(), file=None)
 
     async def ready(self) -> CloudRuntime:
         await self.store.open()
@@ -217,6 +222,8 @@ class CloudRuntime:
                         tools=ToolCatalog(), container_tier=self.container_tier)
         else:  # no container tier: images get no sandbox tools (docs/cloud-design.md)
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver))
+        if driver is not None:
+            deps.turn_options = self.config  # each turn takes the current configuration
         return Invocation(owner, fanout, deps)
 
     def _sandbox_tools(self, workspaces: Path) -> Any:

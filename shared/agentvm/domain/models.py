@@ -248,3 +248,14 @@ class ResourceVersion:
     tags: tuple[str, ...] = ()
     published: bool = False
     created_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChange:
+    """One audited change of the runtime configuration layer. Secret values are stored masked here."""
+
+    key: str
+    old: str | None  # the previous value's JSON text (masked for secrets), None when it was unset
+    new: str | None  # the new value's JSON text (masked for secrets), None when it was removed
+    actor: str  # who changed it (the API key id, or "local")
+    at: int  # epoch ms

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from agentvm.engine.runner import EngineOptions
 from agentvm.engine.tools import NoToolProvider, ToolProvider
 from agentvm.ports import ContainerTier, Driver, Fanout, Store
+
+
+class TurnOptions(Protocol):
+    """Where each turn's engine options come from (the config center: changes apply to new turns)."""
+
+    async def engine_options(self, base: EngineOptions) -> EngineOptions: ...
 
 
 @dataclass(slots=True)
@@ -22,6 +29,8 @@ class Deps:
     container_tier: ContainerTier | None = None
     # the container tier's tools when this process hosts it (avm serve, the container task's worker)
     sandbox_tools: ToolProvider | None = None
+    # None: every turn runs with `options` as built
+    turn_options: TurnOptions | None = None
 
     def llm(self) -> Driver:
         if self.driver is None:

@@ -17,7 +17,7 @@ import logging
 from agentvm.domain.models import Checkpoint, Image, Turn, TurnStatus
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.history import SessionHistory
-from agentvm.engine.runner import TurnRunner
+from agentvm.engine.runner import EngineOptions, TurnRunner
 from agentvm.engine.tools import ContainerOnly, ToolRunner
 from agentvm.errors import AgentVMError, ContainerUnavailable
 from agentvm.ids import now_ms
@@ -36,6 +36,12 @@ class ScheduledTurn:
         self.runner: TurnRunner | None = None
         self._interrupted = False
         self.handed_off = False  # the turn goes on in a container task (cloud): not finished here
+        self.options: EngineOptions | None = None
+
+    async def _options(self) -> None:
+        """This turn's engine options, read once (the config center's current values)."""
+        if self.options is None and self.deps.turn_options is not None:
+            self.options = await self.deps.turn_options.engine_options(self.deps.options)
 
     def interrupt(self) -> None:
         self._interrupted = True
@@ -44,7 +50,8 @@ class ScheduledTurn:
 
     def _new_runner(self, tools: ToolRunner, tier: str) -> TurnRunner:
         d = self.deps
-        options = d.options if d.options.tier == tier else dataclasses.replace(d.options, tier=tier)
+        base = self.options or d.options
+        options = base if base.tier == tier else dataclasses.replace(base, tier=tier)
         runner = TurnRunner(store=d.store, driver=d.llm(), channel=self.channel, tools=tools, options=options,
                             history=self.history)
         if self._interrupted:
@@ -55,6 +62,7 @@ class ScheduledTurn:
     async def run(self, turn: Turn, image: Image) -> Turn:
         """Run a queued turn, from the function tier (or in the container tier, where this process is
         one: the container task's worker)."""
+        await self._options()
         tools = await self.deps.tools.for_image(image)
         if not isinstance(tools, ContainerOnly):
             runner = self._new_runner(tools, self.deps.options.tier)
@@ -70,6 +78,7 @@ class ScheduledTurn:
     async def resume(self, turn: Turn, image: Image) -> Turn:
         """Continue an escalated turn in this process's container tier."""
         sandbox = self.deps.sandbox_tools
+        await self._options()
         if sandbox is None:
             raise RuntimeError("this runtime hosts no sandboxes: it cannot resume a container-tier turn")
         return await self._new_runner(await sandbox.for_image(image), "container").resume(turn, image)

@@ -131,4 +131,24 @@ MIGRATIONS: list[str] = [
     ) WITHOUT ROWID;
     CREATE INDEX resource_versions_by_key ON resource_versions (tenant_id, resource_id, version_key);
     """,
+    # 3: the configuration center's runtime layer (values set through /v1/config) and its audit
+    # trail. Not per tenant: the configuration belongs to the deployment.
+    """
+    CREATE TABLE config_values (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL,
+        secret INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+
+    CREATE TABLE config_audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        key TEXT NOT NULL,
+        old TEXT,
+        new TEXT,
+        actor TEXT NOT NULL,
+        at INTEGER NOT NULL
+    );
+    CREATE INDEX config_audit_by_at ON config_audit (at);
+    """,
 ]

@@ -174,6 +174,11 @@ class SqliteStore:
         self._jobs.put((fn, loop, fut))
         return await fut
 
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(connection)` on the store's thread, like the store's own methods: in a savepoint
+        of its own (atomic), answered once durable. For adapters that share this database file."""
+        return await self._run(fn)
+
     # ---- containers --------------------------------------------------------------------------
 
     async def create_container(self, container: Container) -> bool:

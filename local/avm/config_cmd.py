@@ -1,0 +1,76 @@
+"""`avm config get [KEY]`, `avm config set KEY VALUE`, `avm config unset KEY`: the config center of a
+running server, over its HTTP API (so a change applies to the next turn without a restart)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import httpx
+
+from agentvm.config import ClientSettings
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    env = ClientSettings()
+    p = sub.add_parser("config", help="read or change the server's configuration")
+    p.add_argument("--url", default=env.url, help="the server (its ws:// URL or http:// base; default: $AVM_URL)")
+    p.add_argument("--token", default=env.token.get_secret_value() if env.token else None,
+                   help="API key (default: $AVM_TOKEN)")
+    actions = p.add_subparsers(dest="config_command", required=True)
+    g = actions.add_parser("get", help="every key, or one, with its value and where it comes from")
+    g.add_argument("key", nargs="?")
+    s = actions.add_parser("set", help="set a key (VALUE is JSON, or a plain string)")
+    s.add_argument("key")
+    s.add_argument("value")
+    u = actions.add_parser("unset", help="remove a key set with `set` (the lower layers apply again)")
+    u.add_argument("key")
+
+
+def http_base(url: str) -> str:
+    """`ws://host:port/ws` → `http://host:port` (and wss → https); an http(s) URL is kept."""
+    if url.startswith(("ws://", "wss://")):
+        scheme = "https" if url.startswith("wss://") else "http"
+        rest = url.split("://", 1)[1]
+        host = rest.split("/", 1)[0].split("?", 1)[0]
+        return f"{scheme}://{host}"
+    return url.rstrip("/")
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _line(key: str, entry: dict[str, Any]) -> str:
+    value = json.dumps(entry.get("value"))
+    return f"{key} = {value}  ({entry.get('source') or 'unset'}; applies at {entry.get('appliesAt')})"
+
+
+async def run_config(args: argparse.Namespace) -> int:
+    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
+    async with httpx.AsyncClient(base_url=http_base(args.url), headers=headers, timeout=10) as client:
+        try:
+            if args.config_command == "get":
+                res = await client.get(f"/v1/config/{args.key}" if args.key else "/v1/config")
+            elif args.config_command == "set":
+                res = await client.put(f"/v1/config/{args.key}", json={"value": _value(args.value)})
+            else:
+                res = await client.delete(f"/v1/config/{args.key}")
+        except httpx.HTTPError as exc:
+            print(f"avm config: cannot reach {http_base(args.url)}: {exc}", file=sys.stderr)
+            return 1
+    body = res.json()
+    if res.status_code >= 400:
+        print(f"avm config: {body.get('error', {}).get('message', res.text)}", file=sys.stderr)
+        return 1
+    if "values" in body:
+        for key, entry in body["values"].items():
+            print(_line(key, entry))
+    else:
+        print(_line(body["key"], body))
+    return 0

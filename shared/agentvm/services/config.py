@@ -1,0 +1,295 @@
+"""The config center: layered configuration, validated per key, with secrets masked.
+
+Layers, lowest first: built-in defaults < the config file (`<data-dir>/config.yaml`, with `${VAR}`
+interpolation from the environment) < the environment (and `avm serve` flags) < runtime updates
+(`PUT /v1/config/{key}`: persisted through the `ConfigStore` port, audited). `GET` shows each key's
+effective value, where it came from and every layer's value; secrets are always masked.
+
+Keys marked `next_turn` apply to the next turn without a restart (the engine options of each turn
+are taken from here); the others (`restart`) are read when the server starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agentvm.config import Settings
+from agentvm.domain.models import ConfigChange
+from agentvm.engine.runner import EngineOptions
+from agentvm.errors import InvalidRequest, NotFound
+from agentvm.ids import now_ms
+from agentvm.money import DEFAULT_MARKUP
+from agentvm.ports import ConfigStore, Env
+
+MASK = "********"
+LAYERS = ("default", "file", "env", "runtime")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("must be a non-empty string")
+    return v.strip()
+
+
+def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ValueError(f"must be an integer from {lo} to {hi}")
+        return v
+    return check
+
+
+def _url(v: Any) -> str:
+    text = _text(v)
+    if not re.match(r"^https?://[^\s/]+", text):
+        raise ValueError("must be an http(s) URL")
+    return text
+
+
+def _markup(v: Any) -> str:
+    try:
+        d = Decimal(str(v).strip())
+    except InvalidOperation:
+        raise ValueError("must be a decimal number such as 1.05") from None
+    if not Decimal(1) <= d <= Decimal(10):
+        raise ValueError("must be from 1 to 10 (a price multiplier)")
+    return str(d)  # money stays Decimal: carried as text, never float
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKey:
+    name: str
+    check: Callable[[Any], Any]  # the normalized value, or ValueError(reason)
+    default: Any
+    env: tuple[str, ...]
+    description: str
+    secret: bool = False
+    applies: str = "next_turn"  # or "restart"
+
+
+def registry(defaults: Mapping[str, Any]) -> dict[str, ConfigKey]:
+    """The known keys; `defaults` gives the built-in value of each (from the server's settings)."""
+    keys = [
+        ConfigKey("llm.model", _text, defaults["llm.model"], ("AVM_LLM_MODEL",),
+                  "Model for images that do not name one."),
+        ConfigKey("llm.maxTokens", _int_in(1, 200_000), defaults["llm.maxTokens"], ("AVM_LLM_MAX_TOKENS",),
+                  "max_tokens of each LLM call for images that do not set it."),
+        ConfigKey("llm.apiKey", _text, None, ("LLM_API_KEY", "AVM_LLM_API_KEY", "ANTHROPIC_API_KEY"),
+                  "Anthropic API key.", secret=True, applies="restart"),
+        ConfigKey("llm.baseUrl", _url, None, ("AVM_LLM_BASE_URL",), "Override of the Anthropic API base URL.",
+                  applies="restart"),
+        ConfigKey("system.maxToolIterations", _int_in(1, 1000), defaults["system.maxToolIterations"],
+                  ("AVM_MAX_TOOL_ITERATIONS",), "LLM calls allowed in one turn."),
+        ConfigKey("system.streamFlushMs", _int_in(0, 5000), defaults["system.streamFlushMs"],
+                  ("AVM_STREAM_FLUSH_MS",), "Text-delta coalescing window in ms."),
+        ConfigKey("system.streamMaxFlushMs", _int_in(0, 10_000), defaults["system.streamMaxFlushMs"],
+                  ("AVM_STREAM_MAX_FLUSH_MS",), "Upper bound of the growing coalescing window in ms."),
+        ConfigKey("defaults.markup", _markup, defaults["defaults.markup"], ("AVM_MARKUP",),
+                  "Billed price = list price × markup (decimal)."),
+    ]
+    return {k.name: k for k in keys}
+
+
+def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in doc.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+class ConfigService:
+    def __init__(self, keys: dict[str, ConfigKey], store: ConfigStore, env: Env, *,
+                 file: Path | None = None, overrides: Mapping[str, Any] | None = None) -> None:
+        self.keys = keys
+        self.store = store
+        self.env = env
+        self.file = file
+        self.overrides = dict(overrides or {})  # `avm serve` flags: part of the env layer
+        self._file_values: dict[str, Any] | None = None
+
+    # ---- layers ----------------------------------------------------------------------------------
+
+    async def load_file(self) -> dict[str, Any]:
+        """The file layer, validated (read once; a bad file stops the server with the key and reason)."""
+        if self._file_values is None:
+            self._file_values = await self._read_file()
+        return self._file_values
+
+    async def _read_file(self) -> dict[str, Any]:
+        if self.file is None or not self.file.exists():
+            return {}
+        import yaml
+
+        where = str(self.file)
+        try:
+            doc = yaml.safe_load(self.file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise InvalidRequest(f"{where}: not valid YAML ({exc})") from exc
+        if not isinstance(doc, Mapping):
+            raise InvalidRequest(f"{where}: must be a mapping with llm, system and defaults sections")
+        values: dict[str, Any] = {}
+        for name, raw in flatten(doc).items():
+            key = self._key(name, where=f"{where}: ")
+            if isinstance(raw, str):
+                raw = await self._interpolate(raw, f"{where}: {name}")
+            values[name] = self._check(key, raw, where=f"{where}: ")
+        return values
+
+    async def _interpolate(self, text: str, where: str) -> str:
+        out, last = [], 0
+        for m in _VAR.finditer(text):
+            value = await self.env.get(m.group(1))
+            if value is None:
+                raise InvalidRequest(f"{where}: ${{{m.group(1)}}} is not set in the environment")
+            out += [text[last:m.start()], value]
+            last = m.end()
+        return "".join([*out, text[last:]])
+
+    async def _env_values(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for key in self.keys.values():
+            raw: Any = self.overrides.get(key.name)
+            if raw is None:
+                for name in key.env:
+                    found = await self.env.get(name)
+                    if found:
+                        raw = found
+                        break
+            if raw is not None:
+                values[key.name] = self._check(key, raw, where="environment: ")
+        return values
+
+    async def _runtime_values(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name, text in (await self.store.runtime_values()).items():
+            key = self.keys.get(name)
+            if key is None:
+                continue  # a key this version no longer knows
+            try:
+                values[name] = key.check(orjson.loads(text))
+            except (ValueError, orjson.JSONDecodeError):
+                continue  # written by another version with other rules: the lower layers apply
+        return values
+
+    async def layers(self) -> dict[str, dict[str, Any]]:
+        return {"default": {k.name: k.default for k in self.keys.values() if k.default is not None},
+                "file": await self.load_file(), "env": await self._env_values(),
+                "runtime": await self._runtime_values()}
+
+    # ---- reading ---------------------------------------------------------------------------------
+
+    async def effective(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for values in (await self.layers()).values():
+            merged.update(values)
+        return merged
+
+    async def describe(self, name: str | None = None) -> dict[str, Any]:
+        """Every key (or one): its value (masked if secret), source, layers, and when it applies."""
+        layers = await self.layers()
+        names = [self._key(name).name] if name is not None else list(self.keys)
+        out: dict[str, Any] = {}
+        for n in names:
+            key = self.keys[n]
+            source = next((layer for layer in reversed(LAYERS) if n in layers[layer]), None)
+            shown = {layer: self._shown(key, layers[layer][n]) for layer in LAYERS if n in layers[layer]}
+            out[n] = {"value": shown.get(source) if source else None, "source": source, "layers": shown,
+                      "secret": key.secret, "appliesAt": key.applies.replace("_", " "),
+                      "description": key.description}
+        return out
+
+    async def engine_options(self, base: EngineOptions) -> EngineOptions:
+        """The options of the next turn: `base` with the keys that apply at the next turn."""
+        layers = await self.layers()
+        v: dict[str, Any] = {}
+        for values in layers.values():
+            v.update(values)
+        # the offline driver's "scripted" stands unless a model was configured explicitly
+        chosen = any("llm.model" in layers[layer] for layer in ("file", "env", "runtime"))
+        return dataclasses.replace(
+            base, default_model=v["llm.model"] if chosen or base.default_model != "scripted" else base.default_model,
+            max_tokens=v["llm.maxTokens"], max_iterations=v["system.maxToolIterations"],
+            flush_ms=v["system.streamFlushMs"], max_flush_ms=v["system.streamMaxFlushMs"],
+            markup=Decimal(v["defaults.markup"]))
+
+    async def changes(self, limit: int = 100) -> list[ConfigChange]:
+        return await self.store.changes(limit)
+
+    # ---- writing ---------------------------------------------------------------------------------
+
+    async def set(self, name: str, value: Any, *, actor: str) -> dict[str, Any]:
+        key = self._key(name)
+        checked = self._check(key, value)
+        before = (await self._runtime_values()).get(key.name)
+        text = orjson.dumps(checked).decode()
+        change = ConfigChange(key.name, self._audit(key, before), self._audit(key, checked), actor, now_ms())
+        await self.store.set_value(key.name, text, secret=key.secret, change=change)
+        return await self.describe(key.name)
+
+    async def unset(self, name: str, *, actor: str) -> dict[str, Any]:
+        key = self._key(name)
+        before = (await self._runtime_values()).get(key.name)
+        if before is not None:
+            change = ConfigChange(key.name, self._audit(key, before), None, actor, now_ms())
+            await self.store.set_value(key.name, None, secret=key.secret, change=change)
+        return await self.describe(key.name)
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def _key(self, name: str, *, where: str = "") -> ConfigKey:
+        key = self.keys.get(name)
+        if key is None:
+            if where:
+                raise InvalidRequest(f"{where}{name}: unknown key (known: {', '.join(self.keys)})", field=name)
+            raise NotFound(f"Unknown config key: {name} (known: {', '.join(self.keys)})", field="key")
+        return key
+
+    @staticmethod
+    def _check(key: ConfigKey, value: Any, *, where: str = "") -> Any:
+        try:
+            return key.check(value)
+        except ValueError as exc:
+            raise InvalidRequest(f"{where}{key.name}: {exc}", field=key.name) from None
+
+    @staticmethod
+    def _shown(key: ConfigKey, value: Any) -> Any:
+        return MASK if key.secret and value is not None else value
+
+    @staticmethod
+    def _audit(key: ConfigKey, value: Any) -> str | None:
+        if value is None:
+            return None
+        return orjson.dumps(MASK if key.secret else value).decode()
+
+
+# config keys backed by a setting: its field default is the built-in layer; a value that differs
+# (from the environment or an `avm serve` flag) belongs to the env layer
+SETTING_KEYS = {"llm.model": "llm_model", "llm.maxTokens": "llm_max_tokens",
+                "system.maxToolIterations": "max_tool_iterations", "system.streamFlushMs": "stream_flush_ms",
+                "system.streamMaxFlushMs": "stream_max_flush_ms"}
+
+
+def from_settings(settings: Settings, store: ConfigStore, env: Env, *, file: Path | None) -> ConfigService:
+    """The config center of a runtime: built-in defaults from the settings model, the runtime's own
+    settings (environment, flags) as the env layer."""
+    fields = type(settings).model_fields
+    defaults: dict[str, Any] = {key: fields[name].default for key, name in SETTING_KEYS.items()}
+    defaults["defaults.markup"] = str(DEFAULT_MARKUP)
+    overrides = {key: getattr(settings, name) for key, name in SETTING_KEYS.items()
+                 if getattr(settings, name) != fields[name].default}
+    return ConfigService(registry(defaults), store, env, file=file, overrides=overrides)
