@@ -215,12 +215,15 @@ class CloudRuntime:
             sandbox = self._sandbox_tools(workspaces)
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver, tier="container"),
                         tools=sandbox, sandbox_tools=sandbox)
-        elif driver is not None and self.container_tier is not None:
+        elif driver is not None:
             from agentvm.tools.catalog import ToolCatalog
 
+            # without a container tier images get no sandbox tools (docs/cloud-design.md); tools that
+            # need none (knowledge_search) run here either way
+            tier = self.container_tier
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver),
-                        tools=ToolCatalog(), container_tier=self.container_tier)
-        else:  # no container tier: images get no sandbox tools (docs/cloud-design.md)
+                        tools=ToolCatalog(store=store, sandbox=tier is not None), container_tier=tier)
+        else:
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver))
         if driver is not None:
             deps.turn_options = self.config  # each turn takes the current configuration
@@ -242,7 +245,8 @@ class CloudRuntime:
             self._sandbox = WorkspaceTools(
                 self._disk(workspaces), ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation),
                 uids=ToolUids(workspaces / "tool-uids.json"), limits=Limits(timeout_s=s.tool_timeout_s),
-                preview_bytes=s.tool_preview_bytes, mcp=McpPool(idle_s=s.mcp_idle_s, call_timeout_s=s.tool_timeout_s))
+                preview_bytes=s.tool_preview_bytes, mcp=McpPool(idle_s=s.mcp_idle_s, call_timeout_s=s.tool_timeout_s),
+                store=self.store)
         return self._sandbox
 
     def _disk(self, workspaces: Path) -> Any:

@@ -8,7 +8,8 @@ resolved trees (`pins`). The image then never changes: a session resumed later r
 and publishing a new version affects only images built after it.
 
 An agent definition's content may hold `systemPrompt` (text or a prompt reference), `tools`
-(built-in tool names), `mcpServers`, `model`, `maxTokens` and `description`; values given in the
+(built-in tool names), `mcpServers`, `model`, `maxTokens`, `description` and `knowledge` (knowledge
+references: the image gets `knowledge_search` over their pinned versions); values given in the
 image config itself win over the definition's.
 """
 
@@ -23,7 +24,7 @@ from agentvm.errors import InvalidRequest
 from agentvm.services.resources import Resolved, ResourceService
 
 JSON = dict[str, Any]
-DEFINITION_KEYS = ("systemPrompt", "tools", "mcpServers", "model", "maxTokens", "description")
+DEFINITION_KEYS = ("systemPrompt", "tools", "mcpServers", "model", "maxTokens", "description", "knowledge")
 
 
 @dataclass(slots=True)
@@ -32,6 +33,7 @@ class Built:
     values: JSON = field(default_factory=dict)  # definition values the config did not set
     pins: dict[str, str] = field(default_factory=dict)
     sources: JSON = field(default_factory=dict)  # what was referenced: {"agent": uri@v, "systemPrompt": uri@v}
+    knowledge: list[str] = field(default_factory=list)  # pinned knowledge resources (knowledge_search)
 
 
 class ImageBuilder:
@@ -64,6 +66,13 @@ class ImageBuilder:
             built.sources["systemPrompt"] = node.pinned
             built.system_prompt = text
         built.values.pop("systemPrompt", None)
+        refs = built.values.pop("knowledge", None) or []
+        if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+            raise InvalidRequest("knowledge: a list of resource://knowledge/... references", field="knowledge")
+        for ref in refs:
+            node = await self._resolve(p, ref, "knowledge", "knowledge")
+            built.pins.update(node.pins())
+            built.knowledge.append(node.pinned)
         return built
 
     async def _resolve(self, p: Principal, uri: str, kind: str, field_name: str) -> Resolved:

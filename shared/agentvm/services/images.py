@@ -72,6 +72,8 @@ class ImageService:
             snapshot["mcpServers"] = values["mcpServers"]
         if "mcpServers" in snapshot:
             parse_mcp_servers(snapshot["mcpServers"])  # a bad config is refused now, not at the first turn
+        if built.knowledge:
+            snapshot["knowledge"] = built.knowledge
         if built.pins:
             snapshot["pins"] = built.pins
             snapshot["sources"] = built.sources

@@ -22,6 +22,7 @@ from agentvm.domain.semver import Version, VersionSpec, best_match, version_key
 from agentvm.errors import Conflict, InvalidRequest, NotFound
 from agentvm.ids import now_ms, resource_id
 from agentvm.ports import Store
+from agentvm.tools.knowledge import check_content
 
 JSON = dict[str, Any]
 
@@ -119,6 +120,11 @@ class ResourceService:
             raise InvalidRequest(f"version: {exc}", field="version") from exc
         if not isinstance(content, dict):
             raise InvalidRequest("content: must be a JSON object", field="content")
+        if kind == "knowledge":
+            try:
+                check_content(content)
+            except ValueError as exc:
+                raise InvalidRequest(f"content.{exc}", field="content") from None
         size = len(orjson.dumps(content))
         if size > MAX_CONTENT_BYTES:
             raise InvalidRequest(f"content: {size:,} bytes, more than {MAX_CONTENT_BYTES:,}", field="content")

@@ -17,7 +17,9 @@ from typing import Any
 from agentvm.domain.models import Image
 from agentvm.engine.tools import CompositeTools, ContainerOnly, NoTools, SandboxCatalog, ToolRunner
 from agentvm.errors import InvalidRequest
+from agentvm.ports import Store
 from agentvm.tools.builtin import BUILTIN_TOOLS, BuiltinTools
+from agentvm.tools.knowledge import knowledge_tools
 from agentvm.tools.mcp import McpPool, McpServerConfig, config_fingerprint, parse_mcp_servers, unconfined
 
 JSON = dict[str, Any]
@@ -54,14 +56,20 @@ class ToolCatalog:
     where stdio servers' tool lists are kept; without them (the cloud's function tier) an image with
     MCP servers starts its turns in the container tier."""
 
-    def __init__(self, *, pool: McpPool | None = None, stdio: StdioSchemas | None = None) -> None:
+    def __init__(self, *, pool: McpPool | None = None, stdio: StdioSchemas | None = None,
+                 store: Store | None = None, sandbox: bool = True) -> None:
         self.pool = pool
         self.stdio = stdio
+        self.store = store  # where knowledge resources are read (knowledge_search runs in place)
+        self.sandbox = sandbox  # False: no container tier here, so neither built-in nor MCP tools
 
     async def for_image(self, image: Image) -> ToolRunner:
-        builtins = enabled_builtins(image)
-        servers = mcp_servers(image)
+        builtins = enabled_builtins(image) if self.sandbox else ()
+        servers = mcp_servers(image) if self.sandbox else {}
         parts: list[ToolRunner] = []
+        knowledge = knowledge_tools(self.store, image.tenant_id, image.config)
+        if knowledge is not None:
+            parts.append(knowledge)
         if builtins:
             parts.append(SandboxCatalog(BuiltinTools.definitions(builtins)))
         if servers:

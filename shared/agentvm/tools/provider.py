@@ -17,13 +17,14 @@ from pathlib import Path
 from agentvm.domain.models import Image
 from agentvm.drivers.base import ToolOutcome
 from agentvm.engine.tools import CompositeTools, NoTools, ToolRunner
-from agentvm.ports import Disk, ProcessRunner
+from agentvm.ports import Disk, ProcessRunner, Store
 from agentvm.sandbox.limits import Limits
 from agentvm.sandbox.runtime import Runtime, tool_env
 from agentvm.sandbox.uids import ToolUids, hand_over
 from agentvm.sandbox.workspace import Workspace
 from agentvm.tools.builtin import DEFAULT_PREVIEW_BYTES, JSON, BuiltinTools
 from agentvm.tools.catalog import StdioSchemas, enabled_builtins, mcp_servers
+from agentvm.tools.knowledge import knowledge_tools
 from agentvm.tools.mcp import McpPool
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class WorkspaceTools:
     def __init__(self, disk: Disk, process_for: Callable[[Path], ProcessRunner], *, uids: ToolUids,
                  limits: Limits | None = None, preview_bytes: int = DEFAULT_PREVIEW_BYTES,
                  mcp: McpPool | None = None, stdio: StdioSchemas | None = None,
-                 mcp_limits: Limits = MCP_SERVER_LIMITS) -> None:
+                 mcp_limits: Limits = MCP_SERVER_LIMITS, store: Store | None = None) -> None:
         self.disk = disk
         self.process_for = process_for
         self.limits = limits or Limits()
@@ -63,12 +64,14 @@ class WorkspaceTools:
         self.mcp = mcp if mcp is not None else McpPool()
         self.stdio = stdio  # where the tool lists of stdio servers are kept for the function tier
         self.mcp_limits = mcp_limits
+        self.store = store  # knowledge resources (knowledge_search goes on after an escalation too)
 
     async def for_image(self, image: Image) -> ToolRunner:
         enabled = enabled_builtins(image)
         servers = mcp_servers(image)
+        knowledge = knowledge_tools(self.store, image.tenant_id, image.config)
         if not enabled and not servers:
-            return NoTools()
+            return knowledge if knowledge is not None else NoTools()
         try:
             root = await self.disk.mount(image.tenant_id, image.container_id)
             owner = await self._owner(image, root)
@@ -79,7 +82,7 @@ class WorkspaceTools:
                                     "the container's workspace is unavailable on the server")
         env = tool_env(str(workspace.root))
         process = self.process_for(workspace.root)
-        parts: list[ToolRunner] = []
+        parts: list[ToolRunner] = [knowledge] if knowledge is not None else []
         if enabled:
             runtime = Runtime(workspace, process, env=env)
             parts.append(BuiltinTools(runtime, enabled, limits=self.limits, preview_bytes=self.preview_bytes))
