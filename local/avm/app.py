@@ -142,7 +142,8 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
         return open_principal  # the open local mode, as on the WebSocket (keys: issue 7)
 
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
-                                                     principal_for=http_principal, config=lambda: config))
+                                                     principal_for=http_principal, config=lambda: config,
+                                                     services=lambda: services))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
     runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config)

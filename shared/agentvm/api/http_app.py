@@ -16,9 +16,11 @@ from fastapi.responses import JSONResponse
 
 from agentvm import __version__
 from agentvm.api.config_http import config_router
+from agentvm.api.images_http import images_router
 from agentvm.api.resources_http import resources_router
 from agentvm.domain.models import Principal
 from agentvm.errors import AgentVMError
+from agentvm.services.bundle import Services
 from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
 
@@ -33,6 +35,8 @@ class HttpApi:
     config: Callable[[], ConfigService] | None = None  # None: this deployment serves no /v1/config
     # who may read and change the configuration (the deployment's, not a tenant's): admin keys
     admin_for: Callable[[Request], Awaitable[Principal]] | None = None
+    # the services over a session host (avm serve): /v1/definitions and /v1/images
+    services: Callable[[], Services] | None = None
 
 
 def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
@@ -64,6 +68,8 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
 
     if api is not None:
         app.include_router(resources_router(api.resources, api.principal_for))
+        if api.services is not None:
+            app.include_router(images_router(api.services, api.principal_for))
         if api.config is not None:
             app.include_router(config_router(api.config, api.admin_for or api.principal_for))
     return app

@@ -18,9 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentvm import __version__
+from agentvm.definitions import code_definition, code_definitions
 from agentvm.domain.models import Principal
 from agentvm.domain.resource_uri import is_resource_uri
-from agentvm.errors import InvalidRequest
+from agentvm.errors import InvalidRequest, NotFound
 from agentvm.services.resources import Resolved, ResourceService
 
 JSON = dict[str, Any]
@@ -43,14 +45,22 @@ class ImageBuilder:
     async def build(self, p: Principal, *, agent: str | None, system_prompt: str | None) -> Built:
         built = Built(system_prompt=system_prompt)
         if agent is not None:
-            node = await self._resolve(p, agent, "agent", "agent")
-            content = node.resource.content
+            if is_resource_uri(agent):
+                node = await self._resolve(p, agent, "agent", "agent")
+                content, source = node.resource.content, node.pinned
+                built.pins.update(node.pins())
+            else:
+                code = code_definition(agent)
+                if code is None:
+                    known = ", ".join(code_definitions())
+                    raise NotFound(f"agent: no definition '{agent}' (code definitions: {known}; or a "
+                                   "resource://agents/... reference)", field="agent")
+                content, source = code, f"code:{agent}@{__version__}"
             unknown = sorted(set(content) - set(DEFINITION_KEYS))
             if unknown:
-                raise InvalidRequest(f"agent: {node.pinned} has unknown keys: {', '.join(unknown)} (a definition "
+                raise InvalidRequest(f"agent: {source} has unknown keys: {', '.join(unknown)} (a definition "
                                      f"may hold {', '.join(DEFINITION_KEYS)})", field="agent")
-            built.pins.update(node.pins())
-            built.sources["agent"] = node.pinned
+            built.sources["agent"] = source
             for key in DEFINITION_KEYS:
                 if key in content:
                     built.values[key] = content[key]

@@ -76,6 +76,7 @@ class ImageService:
             snapshot["knowledge"] = built.knowledge
         if built.pins:
             snapshot["pins"] = built.pins
+        if built.sources:
             snapshot["sources"] = built.sources
         description = config.description if config.description is not None else values.get("description")
         image = Image(p.tenant_id, image_id(), container_id, session_id(), config.name or DEFAULT_IMAGE_NAME,
