@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from agentvm.config import ClientSettings
+from agentvm.management import http_base
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,16 +28,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("value")
     u = actions.add_parser("unset", help="remove a key set with `set` (the lower layers apply again)")
     u.add_argument("key")
-
-
-def http_base(url: str) -> str:
-    """`ws://host:port/ws` → `http://host:port` (and wss → https); an http(s) URL is kept."""
-    if url.startswith(("ws://", "wss://")):
-        scheme = "https" if url.startswith("wss://") else "http"
-        rest = url.split("://", 1)[1]
-        host = rest.split("/", 1)[0].split("?", 1)[0]
-        return f"{scheme}://{host}"
-    return url.rstrip("/")
 
 
 def _value(text: str) -> Any:

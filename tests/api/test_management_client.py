@@ -1,0 +1,48 @@
+"""`agentvm.management.ManagementClient` against `avm serve`: the design note's Python API for
+definitions and images, plus resources and config, with the server's errors raised as such."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentvm.drivers.scripted import ScriptedDriver
+from agentvm.management import ManagementClient, ManagementError, http_base
+from tests.support.servers import in_process
+
+
+def test_http_base_from_a_websocket_url() -> None:
+    assert http_base("ws://127.0.0.1:8080/ws") == "http://127.0.0.1:8080"
+    assert http_base("wss://abc.execute-api.eu-west-1.amazonaws.com/prod?token=x") == (
+        "https://abc.execute-api.eu-west-1.amazonaws.com")
+    assert http_base("http://localhost:9000/") == "http://localhost:9000"
+
+
+async def test_definitions_images_resources_config(tmp_path: Path) -> None:
+    async with in_process(tmp_path / "data", driver=ScriptedDriver()) as srv, ManagementClient(srv.url) as avm:
+        prompt = await avm.resources.register(kind="prompt", name="tone", version="1.0.0", content={"text": "Kind."})
+        await avm.resources.add_version(prompt["resourceId"], version="1.1.0", content={"text": "Kinder."})
+        assert (await avm.resources.resolve("resource://prompts/tone@~1.0"))["resolved"] == (
+            "resource://prompts/tone@1.0.0")
+        assert [i["name"] for i in (await avm.resources.discover(kind="prompt"))["items"]] == ["tone"]
+        assert (await avm.resources.get(prompt["resourceId"], "1.0.0"))["content"] == {"text": "Kind."}
+
+        assert "coder" in [d["name"] for d in await avm.definitions.list()]
+        assert (await avm.definitions.get("chat_basic"))["source"] == "code"
+        image = await avm.images.build("c-py", agent="chat_basic", config={"systemPrompt": "resource://prompts/tone"})
+        assert image["systemPrompt"] == "Kinder."
+        assert (await avm.images.get(image["imageId"]))["pins"] == {"resource://prompts/tone": "1.1.0"}
+        assert [i["imageId"] for i in await avm.images.list("c-py")] == [image["imageId"]]
+        with pytest.raises(ManagementError) as refused:
+            await avm.resources.delete(prompt["resourceId"])
+        assert (refused.value.status, refused.value.code) == (409, "conflict")
+        await avm.images.delete(image["imageId"])
+        await avm.resources.delete(prompt["resourceId"])
+
+        assert (await avm.config.set("llm.maxTokens", 1024))["source"] == "runtime"
+        assert (await avm.config.get("llm.maxTokens"))["value"] == 1024
+        assert (await avm.config.unset("llm.maxTokens"))["source"] == "default"
+        with pytest.raises(ManagementError) as bad:
+            await avm.images.build("c-py", config={"maxTokens": 0})
+        assert (bad.value.status, bad.value.field) == (400, "config.maxTokens")
