@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import botocore.session
 import pytest
 from moto.server import ThreadedMotoServer
 
-from agentvm.adapters.aws.botocore_async import dummy_session
+from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, dummy_session, new_client
 
 REGION = "us-east-1"
 
@@ -73,3 +73,35 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFa
     monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def session(aws_env: None) -> botocore.session.Session:
+    """A session of its own: the call counters registered on it do not leak into other tests."""
+    return dummy_session()
+
+
+def count_calls(session: botocore.session.Session, service: str, operation: str) -> list[str]:
+    """A list that grows by one per `service.operation` call made by clients of `session` created
+    after this call."""
+    calls: list[str] = []
+
+    def handler(**_: Any) -> None:
+        calls.append(operation)
+
+    session.register(f"before-call.{service}.{operation}", handler)
+    return calls
+
+
+@pytest.fixture
+async def sm(session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[AsyncBotocoreClient]:
+    client = new_client("secretsmanager", session=session, endpoint_url=moto_endpoint)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def ssm(session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[AsyncBotocoreClient]:
+    client = new_client("ssm", session=session, endpoint_url=moto_endpoint)
+    yield client
+    await client.close()

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 # `tests.*` helpers are importable as a package from the repository root.
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def traversable_dir() -> Iterator[Path]:
+    """A fresh directory under /tmp that every uid may traverse (0o711). Tools and MCP servers run as
+    other uids when the tests run as root; pytest's tmp_path lies under a 0o700 directory they could
+    not pass (absolute paths into a workspace, $HOME and $TMPDIR would fail without bubblewrap)."""
+    path = Path(tempfile.mkdtemp(prefix="avm-", dir="/tmp"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

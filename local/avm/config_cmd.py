@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from agentvm.config import ClientSettings
-from agentvm.management import http_base
+from agentvm.management import ManagementClient, ManagementError, http_base
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,22 +43,20 @@ def _line(key: str, entry: dict[str, Any]) -> str:
 
 
 async def run_config(args: argparse.Namespace) -> int:
-    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
-    async with httpx.AsyncClient(base_url=http_base(args.url), headers=headers, timeout=10) as client:
+    async with ManagementClient(args.url, token=args.token, timeout=10) as avm:
         try:
             if args.config_command == "get":
-                res = await client.get(f"/v1/config/{args.key}" if args.key else "/v1/config")
+                body = await avm.config.get(args.key)
             elif args.config_command == "set":
-                res = await client.put(f"/v1/config/{args.key}", json={"value": _value(args.value)})
+                body = await avm.config.set(args.key, _value(args.value))
             else:
-                res = await client.delete(f"/v1/config/{args.key}")
+                body = await avm.config.unset(args.key)
+        except ManagementError as exc:
+            print(f"avm config: {exc.message}", file=sys.stderr)
+            return 1
         except httpx.HTTPError as exc:
             print(f"avm config: cannot reach {http_base(args.url)}: {exc}", file=sys.stderr)
             return 1
-    body = res.json()
-    if res.status_code >= 400:
-        print(f"avm config: {body.get('error', {}).get('message', res.text)}", file=sys.stderr)
-        return 1
     if "values" in body:
         for key, entry in body["values"].items():
             print(_line(key, entry))

@@ -11,12 +11,12 @@ import pytest
 from botocore.config import Config
 
 from agentvm.adapters.aws.botocore_async import new_client
-from tests.aws_fixtures import aws_env, aws_session, moto_endpoint
+from tests.aws_fixtures import aws_env, aws_session, moto_endpoint, session, sm, ssm
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
 
-__all__ = ["aws_env", "aws_session", "bucket", "bucket_keys", "moto_endpoint", "s3"]
+__all__ = ["aws_env", "aws_session", "bucket", "bucket_keys", "moto_endpoint", "s3", "session", "sm", "ssm"]
 
 
 @pytest.fixture

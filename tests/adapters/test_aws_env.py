@@ -11,8 +11,9 @@ import botocore.session
 import pytest
 
 from agentvm.adapters.aws.aws_env import ParameterValues, SecretValues
-from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, dummy_session, new_client
+from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient
 from agentvm.errors import UpstreamError
+from tests.aws_fixtures import count_calls
 
 
 class Clock:
@@ -24,38 +25,8 @@ class Clock:
 
 
 @pytest.fixture
-def session(aws_env: None) -> botocore.session.Session:
-    """A session of its own: the call counters registered on it do not leak into other tests."""
-    return dummy_session()
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
-
-
-def count_calls(session: botocore.session.Session, service: str, operation: str) -> list[str]:
-    calls: list[str] = []
-
-    def handler(**_: Any) -> None:
-        calls.append(operation)
-
-    session.register(f"before-call.{service}.{operation}", handler)
-    return calls
-
-
-@pytest.fixture
-async def sm(session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[AsyncBotocoreClient]:
-    client = new_client("secretsmanager", session=session, endpoint_url=moto_endpoint)
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def ssm(session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[AsyncBotocoreClient]:
-    client = new_client("ssm", session=session, endpoint_url=moto_endpoint)
-    yield client
-    await client.close()
 
 
 @pytest.fixture

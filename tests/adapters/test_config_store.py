@@ -7,12 +7,11 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import botocore.session
 import pytest
 
-from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, dummy_session, new_client
+from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.ssm_config import SsmConfigStore
 from agentvm.adapters.local.sqlite_config import SqliteConfigStore
@@ -21,6 +20,7 @@ from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.domain.models import ConfigChange, Container
 from agentvm.errors import InvalidRequest
 from agentvm.ports import ConfigStore
+from tests.aws_fixtures import count_calls
 
 
 class Clock:
@@ -92,12 +92,6 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def session(aws_env: None) -> botocore.session.Session:
-    """A session of its own: the call counters registered on it do not leak into other tests."""
-    return dummy_session()
-
-
-@pytest.fixture
 async def ssm_backend(session: botocore.session.Session, moto_endpoint: str, clock: Clock) -> AsyncIterator[
         SsmBackend]:
     backend = SsmBackend(session, moto_endpoint, clock)
@@ -124,13 +118,6 @@ async def config(backend: Backend) -> ConfigStore:
     return await backend.new()
 
 
-@pytest.fixture
-async def ssm(session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[AsyncBotocoreClient]:
-    client = new_client("ssm", session=session, endpoint_url=moto_endpoint)
-    yield client
-    await client.close()
-
-
 def change(key: str, old: str | None, new: str | None, at: int, actor: str = "key_admin") -> ConfigChange:
     return ConfigChange(key=key, old=old, new=new, actor=actor, at=at)
 
@@ -141,16 +128,6 @@ async def put(config: ConfigStore, key: str, value: str | None, at: int, *, old:
     record = change(key, old, shown, at)
     await config.set_value(key, value, secret=secret, change=record)
     return record
-
-
-def count_calls(session: botocore.session.Session, service: str, operation: str) -> list[str]:
-    calls: list[str] = []
-
-    def handler(**_: Any) -> None:
-        calls.append(operation)
-
-    session.register(f"before-call.{service}.{operation}", handler)
-    return calls
 
 
 # ---- both adapters -----------------------------------------------------------------------------

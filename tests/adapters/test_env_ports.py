@@ -14,7 +14,7 @@ import botocore.session
 import pytest
 
 from agentvm.adapters.aws.aws_env import AwsEnv, ParameterValues, SecretLLMProvider, SecretValues
-from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, dummy_session, new_client
+from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient
 from agentvm.adapters.aws.s3_disk import S3Disk
 from agentvm.adapters.aws.s3_workspace import workspace_prefix
 from agentvm.adapters.local.local_disk import LocalDisk
@@ -22,6 +22,7 @@ from agentvm.adapters.local.local_env import LLM_KEY_NAMES, EnvLLMProvider, Proc
 from agentvm.domain.models import DEFAULT_TENANT
 from agentvm.errors import InvalidRequest, UpstreamError
 from tests.adapters.conftest import bucket_keys
+from tests.aws_fixtures import count_calls
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -29,16 +30,6 @@ if TYPE_CHECKING:
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def count_calls(session: botocore.session.Session, service: str, operation: str) -> list[str]:
-    calls: list[str] = []
-
-    def handler(**_: Any) -> None:
-        calls.append(operation)
-
-    session.register(f"before-call.{service}.{operation}", handler)
-    return calls
 
 
 # ---- ProcessEnv and EnvLLMProvider -----------------------------------------------------------
@@ -108,26 +99,6 @@ async def test_api_key_now_refuses_an_env_that_would_wait() -> None:
 
 
 # ---- AwsEnv and SecretLLMProvider (moto) -------------------------------------------------------
-
-
-@pytest.fixture
-def session(aws_env: None) -> botocore.session.Session:
-    """A session of its own: the call counters registered on it do not leak into other tests."""
-    return dummy_session()
-
-
-@pytest.fixture
-async def sm(session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[AsyncBotocoreClient]:
-    client = new_client("secretsmanager", session=session, endpoint_url=moto_endpoint)
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def ssm(session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[AsyncBotocoreClient]:
-    client = new_client("ssm", session=session, endpoint_url=moto_endpoint)
-    yield client
-    await client.close()
 
 
 @pytest.fixture

@@ -121,10 +121,13 @@ def test_a_bad_config_file_stops_avm_serve_with_one_line(tmp_path: Path, capsys:
             ("llm:\n  maxTokens: lots\n", "llm.maxTokens: must be an integer from 1 to 200000"),
             ("llm:\n  apiKey: ${NOT_SET_ANYWHERE}\n", "llm.apiKey: ${NOT_SET_ANYWHERE} is not set in the environment"),
             ("llm:\n  colour: blue\n", "llm.colour: unknown key (known: llm.model, "),
-            ("- a list\n", "must be a mapping with llm, system and defaults sections")):
+            ("- a list\n", "must be a mapping with llm, system and defaults sections"),
+            ("llm:\n  apiKey: sk-ant-in-the-file: x\n",
+             "not valid YAML at line 2, column 29: mapping values are not allowed here")):
         (data / "config.yaml").write_text(text)
         monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
         assert cli.main(["serve", "--port", "0", "--data-dir", str(data)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"avm: {data / 'config.yaml'}: ") and message in err, err
         assert err.count("\n") == 1
+        assert "sk-ant-in-the-file" not in err

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,11 +48,8 @@ class Cloud:
 
 
 @pytest.fixture
-def data() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="avm-worker-", dir="/tmp"))
-    path.chmod(0o711)  # tools run as another uid when the tests run as root
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def data(traversable_dir: Path) -> Path:
+    return traversable_dir
 
 
 @pytest.fixture

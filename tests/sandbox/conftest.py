@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -27,13 +24,8 @@ def host() -> Host:
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    # Not pytest's tmp_path: /tmp/pytest-of-root is 0o700, which a tool uid could not traverse
-    # (absolute paths into its workspace, $HOME and $TMPDIR, would fail without bwrap).
-    path = Path(tempfile.mkdtemp(prefix="avm-sandbox-", dir="/tmp"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def base(traversable_dir: Path) -> Path:
+    return traversable_dir
 
 
 @pytest.fixture

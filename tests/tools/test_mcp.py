@@ -16,7 +16,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -95,12 +95,8 @@ async def gone(pid: int, within_s: float = 5.0) -> bool:
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    # Under /tmp, traversable by every uid (a sandboxed server runs as another uid when we are root).
-    path = Path(tempfile.mkdtemp(prefix="avm-mcp-", dir="/tmp"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def base(traversable_dir: Path) -> Path:
+    return traversable_dir
 
 
 @pytest.fixture

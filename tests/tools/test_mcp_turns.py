@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +34,8 @@ rules:
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="avm-mcp-turns-", dir="/tmp"))
-    path.chmod(0o711)  # the server runs as the container's uid when the tests run as root
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def base(traversable_dir: Path) -> Path:
+    return traversable_dir
 
 
 def server_config(base: Path) -> dict[str, Any]:

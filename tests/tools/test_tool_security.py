@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +52,8 @@ def script(other_file: Path, database: Path) -> str:
 
 
 @pytest.fixture
-def data() -> Iterator[Path]:
-    # under a directory every uid may traverse (pytest's tmp_path is 0o700 for root's)
-    path = Path(tempfile.mkdtemp(prefix="avm-sec-", dir="/tmp"))
-    path.chmod(0o711)
-    yield path / "data"
-    shutil.rmtree(path, ignore_errors=True)
+def data(traversable_dir: Path) -> Path:
+    return traversable_dir / "data"
 
 
 @pytest.fixture(params=["none", "bwrap"])

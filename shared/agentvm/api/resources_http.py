@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from agentvm.domain.models import Principal, ResourceVersion
-from agentvm.services.resources import Resolved, ResourceService, _plural
+from agentvm.domain.resource_uri import resource_uri
+from agentvm.services.resources import Resolved, ResourceService
 
 JSON = dict[str, Any]
 
@@ -42,7 +43,7 @@ class VersionBody(_Body):
 def wire(rv: ResourceVersion, *, principal: Principal, with_content: bool) -> JSON:
     out: JSON = {
         "resourceId": rv.resource_id, "kind": rv.kind, "name": rv.name, "version": rv.version,
-        "uri": f"resource://{_plural(rv.kind)}/{rv.name}@{rv.version}", "contentHash": rv.content_hash,
+        "uri": resource_uri(rv.kind, rv.name, rv.version), "contentHash": rv.content_hash,
         "dependencies": list(rv.dependencies), "description": rv.description, "tags": list(rv.tags),
         "published": rv.published, "own": rv.tenant_id == principal.tenant_id, "createdAt": rv.created_at}
     if with_content:

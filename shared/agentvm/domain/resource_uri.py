@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from agentvm.domain.models import RESOURCE_KINDS
-from agentvm.domain.semver import Version, VersionSpec
+from agentvm.domain.models import RESOURCE_KINDS, ResourceVersion
+from agentvm.domain.semver import Version, VersionSpec, best_match
 
 SCHEME: Final = "resource://"
 
@@ -61,7 +61,7 @@ class ResourceRef:
     @property
     def unversioned(self) -> str:
         """`resource://<kind>s/<name>`: the resource, whatever the version."""
-        return f"{SCHEME}{KIND_SEGMENTS[self.kind]}/{self.name}"
+        return resource_uri(self.kind, self.name)
 
     def pinned(self, version: Version | str) -> str:
         """`resource://<kind>s/<name>@<version>`: this resource at exactly `version` (ValueError if bad)."""
@@ -70,6 +70,12 @@ class ResourceRef:
 
     def __str__(self) -> str:
         return self.unversioned if self.spec.is_latest else f"{self.unversioned}@{self.spec}"
+
+
+def resource_uri(kind: str, name: str, version: str | None = None) -> str:
+    """`resource://<kind>s/<name>`, with `@<version>` when given (names and versions as stored)."""
+    base = f"{SCHEME}{KIND_SEGMENTS[kind]}/{name}"
+    return base if version is None else f"{base}@{version}"
 
 
 def parse_resource_uri(uri: str) -> ResourceRef:
@@ -138,3 +144,9 @@ def find_references(value: object) -> list[str]:
         elif isinstance(item, list | tuple):
             stack.extend(reversed(item))
     return list(found)
+
+
+def choose_version(versions: list[ResourceVersion], spec: VersionSpec) -> ResourceVersion | None:
+    """The highest of `versions` (one resource's) that `spec` allows, or None."""
+    best = best_match(spec, [v.version for v in versions])
+    return None if best is None else next(v for v in versions if v.version == str(best))

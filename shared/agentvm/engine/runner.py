@@ -129,9 +129,9 @@ class TurnRunner:
         self._usage = turn.usage
         messages = [m for m in await self.history.load() if m.turn_id == turn.turn_id]
         answered = {m.body.get("toolCallId") for m in messages if m.subtype == "tool-result"}
-        pending = [_Call(str(call.get("id")), str(call.get("name")), dict(call.get("input") or {}), None)
-                   for m in messages if m.subtype == "tool-call"
-                   for call in [m.body.get("toolCall") or {}] if call.get("id") not in answered]
+        calls = [m.body.get("toolCall") or {} for m in messages if m.subtype == "tool-call"]
+        pending = [_Call(str(c.get("id")), str(c.get("name")), dict(c.get("input") or {}), None)
+                   for c in calls if c.get("id") not in answered]
         self._llm_calls = len({m.body.get("parentId") or m.message_id for m in messages
                                if m.subtype in ("tool-call", "assistant")})
         return await self._drive(turn, image, pending=pending)

@@ -101,6 +101,14 @@ def registry(defaults: Mapping[str, Any]) -> dict[str, ConfigKey]:
     return {k.name: k for k in keys}
 
 
+def _merged(layers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Each key's value from the highest layer that has it."""
+    out: dict[str, Any] = {}
+    for layer in LAYERS:
+        out.update(layers[layer])
+    return out
+
+
 def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in doc.items():
@@ -139,7 +147,11 @@ class ConfigService:
         try:
             doc = yaml.safe_load(self.file.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise InvalidRequest(f"{where}: not valid YAML ({exc})") from exc
+            # the problem and where, never PyYAML's snippet of the line: it may hold a secret
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or "cannot be parsed"
+            raise InvalidRequest(f"{where}: not valid YAML{at}: {problem}") from None
         if not isinstance(doc, Mapping):
             raise InvalidRequest(f"{where}: must be a mapping with llm, system and defaults sections")
         values: dict[str, Any] = {}
@@ -193,12 +205,6 @@ class ConfigService:
 
     # ---- reading ---------------------------------------------------------------------------------
 
-    async def effective(self) -> dict[str, Any]:
-        merged: dict[str, Any] = {}
-        for values in (await self.layers()).values():
-            merged.update(values)
-        return merged
-
     async def describe(self, name: str | None = None) -> dict[str, Any]:
         """Every key (or one): its value (masked if secret), source, layers, and when it applies."""
         layers = await self.layers()
@@ -216,11 +222,9 @@ class ConfigService:
     async def engine_options(self, base: EngineOptions) -> EngineOptions:
         """The options of the next turn: `base` with the keys that apply at the next turn."""
         layers = await self.layers()
-        v: dict[str, Any] = {}
-        for values in layers.values():
-            v.update(values)
+        v = _merged(layers)
         # the offline driver's "scripted" stands unless a model was configured explicitly
-        chosen = any("llm.model" in layers[layer] for layer in ("file", "env", "runtime"))
+        chosen = any("llm.model" in layers[layer] for layer in LAYERS[1:])
         return dataclasses.replace(
             base, default_model=v["llm.model"] if chosen or base.default_model != "scripted" else base.default_model,
             max_tokens=v["llm.maxTokens"], max_iterations=v["system.maxToolIterations"],

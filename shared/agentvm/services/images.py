@@ -6,7 +6,7 @@ from typing import Any
 
 from agentvm.domain.models import Agent, Image, Principal, Session, StoredMessage
 from agentvm.engine.context import conversation_order
-from agentvm.errors import InvalidRequest, NotFound
+from agentvm.errors import NotFound
 from agentvm.ids import image_id, now_ms, session_id
 from agentvm.protocol.commands import ImageConfig, ImageListItem
 from agentvm.services.agents import AgentService
@@ -17,15 +17,6 @@ from agentvm.services.session_host import SessionHost
 from agentvm.tools.mcp import parse_mcp_servers
 
 DEFAULT_IMAGE_NAME = "New Conversation"
-
-
-def enabled_builtins_check(tools: list[Any]) -> None:
-    from agentvm.tools.builtin import BUILTIN_TOOLS
-
-    unknown = [t for t in tools if t not in BUILTIN_TOOLS]
-    if unknown:
-        raise InvalidRequest(f"tools: unknown tool '{unknown[0]}' (built-in: {', '.join(BUILTIN_TOOLS)})",
-                             field="tools")
 
 
 def list_item(image: Image, agent: Agent | None) -> ImageListItem:
@@ -65,7 +56,9 @@ class ImageService:
         tools = list(config.tools) if config.tools else values.get("tools")
         if tools:
             snapshot["tools"] = list(tools)
-            enabled_builtins_check(snapshot["tools"])
+            from agentvm.tools.builtin import check_builtin_names  # not on ws_default's cold path
+
+            check_builtin_names(snapshot["tools"])
         if config.mcp_servers:
             snapshot["mcpServers"] = {k: v.model_dump(exclude_none=True) for k, v in config.mcp_servers.items()}
         elif values.get("mcpServers"):

@@ -17,8 +17,14 @@ from typing import Any
 import orjson
 
 from agentvm.domain.models import RESOURCE_KINDS, Principal, ResourceVersion
-from agentvm.domain.resource_uri import KIND_SEGMENTS, ResourceRef, is_valid_name, parse_resource_uri
-from agentvm.domain.semver import Version, VersionSpec, best_match, version_key
+from agentvm.domain.resource_uri import (
+    ResourceRef,
+    choose_version,
+    is_valid_name,
+    parse_resource_uri,
+    resource_uri,
+)
+from agentvm.domain.semver import Version, version_key
 from agentvm.errors import Conflict, InvalidRequest, NotFound
 from agentvm.ids import now_ms, resource_id
 from agentvm.ports import Store
@@ -46,18 +52,14 @@ class Resolved:
 
     @property
     def pinned(self) -> str:
-        return f"resource://{_plural(self.resource.kind)}/{self.resource.name}@{self.resource.version}"
+        return resource_uri(self.resource.kind, self.resource.name, self.resource.version)
 
     def pins(self) -> dict[str, str]:
         """Every resource of the tree by its unversioned URI → the version it resolved to."""
-        out = {f"resource://{_plural(self.resource.kind)}/{self.resource.name}": self.resource.version}
+        out = {resource_uri(self.resource.kind, self.resource.name): self.resource.version}
         for dep in self.dependencies:
             out.update(dep.pins())
         return out
-
-
-def _plural(kind: str) -> str:
-    return KIND_SEGMENTS[kind]
 
 
 class ResourceService:
@@ -103,7 +105,7 @@ class ResourceService:
         if not own:
             raise NotFound(f"Resource not found: {rid}", field="resourceId")
         if not force:
-            uri = f"resource://{_plural(own[0].kind)}/{own[0].name}"
+            uri = resource_uri(own[0].kind, own[0].name)
             pinned_by = [i.image_id for i in await self.store.list_images(p.tenant_id)
                          if uri in (i.config.get("pins") or {})]
             if pinned_by:
@@ -142,7 +144,7 @@ class ResourceService:
             if (ref.kind, ref.name) == (kind, name):
                 raise InvalidRequest(f"dependencies[{i}]: a resource cannot depend on itself", field="dependencies")
             # the graph stays valid: every dependency resolves now, and none leads back here
-            await self._resolve(p, ref, uri, path=(f"resource://{_plural(kind)}/{name}",), depth=1)
+            await self._resolve(p, ref, uri, path=(resource_uri(kind, name),), depth=1)
         return ResourceVersion(
             tenant_id=p.tenant_id, resource_id=rid, kind=kind, name=name, version=str(parsed),
             version_key=version_key(parsed), content=content, content_hash=content_hash(content),
@@ -177,14 +179,14 @@ class ResourceService:
 
     async def _resolve(self, p: Principal, ref: ResourceRef, uri: str, *, path: tuple[str, ...],
                        depth: int) -> Resolved:
-        key = f"resource://{_plural(ref.kind)}/{ref.name}"
+        key = ref.unversioned
         if key in path:
             cycle = " → ".join([*path[path.index(key):], key])
             raise InvalidRequest(f"dependency cycle: {cycle}", field="dependencies")
         if depth > MAX_DEPTH:
             raise InvalidRequest(f"dependencies nest deeper than {MAX_DEPTH} levels at {uri}", field="dependencies")
         versions = await self.store.find_resource(p.tenant_id, ref.kind, ref.name)
-        chosen = _choose(versions, ref.spec)
+        chosen = choose_version(versions, ref.spec)
         if chosen is None:
             via = f" (required by {' → '.join(path)})" if path else ""
             what = "no resource" if not versions else f"no version matching '{ref.spec}'"
@@ -194,11 +196,3 @@ class ResourceService:
             node.dependencies.append(await self._resolve(p, parse_resource_uri(dep), dep, path=(*path, key),
                                                          depth=depth + 1))
         return node
-
-
-def _choose(versions: list[ResourceVersion], spec: VersionSpec) -> ResourceVersion | None:
-    if not versions:
-        return None
-    by_text = {v.version: v for v in versions}
-    best = best_match(spec, [Version.parse(v.version) for v in versions])
-    return None if best is None else by_text[str(best)]

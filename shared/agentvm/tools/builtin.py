@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,15 +109,21 @@ def _no_extra(name: str, input_: Mapping[str, Any]) -> None:
         raise InvalidRequest(f"{extra[0]}: not a parameter of {name}", field=extra[0])
 
 
+def check_builtin_names(names: Sequence[object]) -> tuple[str, ...]:
+    """The names, each a built-in tool; else InvalidRequest naming the first unknown one."""
+    unknown = [n for n in names if n not in SPECS]
+    if unknown:
+        raise InvalidRequest(f"tools: unknown tool '{unknown[0]}' (built-in: {', '.join(BUILTIN_TOOLS)})",
+                             field="tools")
+    return tuple(str(n) for n in names)
+
+
 class BuiltinTools:
     """The `ToolRunner` of one turn: the image's enabled built-in tools on its container's runtime."""
 
     def __init__(self, runtime: Runtime, enabled: tuple[str, ...], *, limits: Limits | None = None,
                  preview_bytes: int = DEFAULT_PREVIEW_BYTES) -> None:
-        unknown = [n for n in enabled if n not in SPECS]
-        if unknown:
-            raise InvalidRequest(f"tools: unknown tool '{unknown[0]}' (built-in: {', '.join(BUILTIN_TOOLS)})",
-                                 field="tools")
+        check_builtin_names(enabled)
         self.runtime = runtime
         self.enabled = enabled
         self.limits = limits or Limits()

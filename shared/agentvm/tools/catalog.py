@@ -16,9 +16,8 @@ from typing import Any
 
 from agentvm.domain.models import Image
 from agentvm.engine.tools import CompositeTools, ContainerOnly, NoTools, SandboxCatalog, ToolRunner
-from agentvm.errors import InvalidRequest
 from agentvm.ports import Store
-from agentvm.tools.builtin import BUILTIN_TOOLS, BuiltinTools
+from agentvm.tools.builtin import BuiltinTools, check_builtin_names
 from agentvm.tools.knowledge import knowledge_tools
 from agentvm.tools.mcp import McpPool, McpServerConfig, config_fingerprint, parse_mcp_servers, unconfined
 
@@ -26,12 +25,7 @@ JSON = dict[str, Any]
 
 
 def enabled_builtins(image: Image) -> tuple[str, ...]:
-    enabled = tuple(str(t) for t in image.config.get("tools") or ())
-    unknown = [n for n in enabled if n not in BUILTIN_TOOLS]
-    if unknown:
-        raise InvalidRequest(f"tools: unknown tool '{unknown[0]}' (built-in: {', '.join(BUILTIN_TOOLS)})",
-                             field="tools")
-    return enabled
+    return check_builtin_names(list(image.config.get("tools") or ()))
 
 
 def mcp_servers(image: Image) -> dict[str, McpServerConfig]:

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentvm.domain.models import ResourceVersion
-from agentvm.domain.resource_uri import parse_resource_uri
-from agentvm.domain.semver import best_match
+from agentvm.domain.resource_uri import choose_version, parse_resource_uri, resource_uri
 from agentvm.drivers.base import ToolOutcome
 from agentvm.engine.tools import unavailable
 from agentvm.ports import Store
@@ -122,7 +121,7 @@ def index_for(rv: ResourceVersion) -> KnowledgeIndex:
     key = rv.content_hash
     index = _indexes.get(key)
     if index is None:
-        index = KnowledgeIndex(f"resource://knowledge/{rv.name}@{rv.version}", rv.content)
+        index = KnowledgeIndex(resource_uri(rv.kind, rv.name, rv.version), rv.content)
         _indexes[key] = index
         while len(_indexes) > _CACHED:
             _indexes.popitem(last=False)
@@ -173,9 +172,7 @@ class KnowledgeTools:
 
     async def _version(self, uri: str) -> ResourceVersion | None:
         ref = parse_resource_uri(uri)
-        versions = await self.store.find_resource(self.tenant_id, ref.kind, ref.name)
-        best = best_match(ref.spec, [v.version for v in versions])
-        return next((v for v in versions if best is not None and v.version == str(best)), None)
+        return choose_version(await self.store.find_resource(self.tenant_id, ref.kind, ref.name), ref.spec)
 
 
 def knowledge_tools(store: Store | None, tenant_id: str, config: Mapping[str, Any]) -> KnowledgeTools | None:

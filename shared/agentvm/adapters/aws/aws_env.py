@@ -26,6 +26,7 @@ import orjson
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
+from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient
 from agentvm.adapters.aws.clients import LazyClient
 from agentvm.errors import InvalidRequest, UpstreamError
 
@@ -36,7 +37,8 @@ T = TypeVar("T")
 ACCEPTED_JSON_KEYS: Final = ("apiKey", "api_key", "LLM_API_KEY", "ANTHROPIC_API_KEY")
 
 _RETRYABLE_CODES: Final = frozenset({"ThrottlingException", "Throttling", "TooManyRequestsException",
-                                     "InternalServiceError", "InternalServerError", "ServiceUnavailable"})
+                                     "TooManyUpdates", "InternalServiceError", "InternalServerError",
+                                     "ServiceUnavailable"})
 _SSM_PAGE: Final = 10  # GetParametersByPath's maximum page size
 
 #: A parameter value of the form `secret:<arn-or-name>` is read from Secrets Manager.
@@ -135,22 +137,26 @@ class ParameterValues:
         await self._client.close()
 
     async def _fetch(self, prefix: str) -> dict[str, str]:
-        what = f"SSM parameter path {prefix!r}"
-        client = await self._client.get()
-        kwargs: dict[str, Any] = {"Path": prefix, "Recursive": True, "WithDecryption": True, "MaxResults": _SSM_PAGE}
-        strip = len(prefix) if prefix == "/" else len(prefix) + 1
-        out: dict[str, str] = {}
-        while True:
-            try:
-                res = await client.get_parameters_by_path(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                raise _upstream(what, exc) from None
-            for param in res.get("Parameters", []):
-                out[param["Name"][strip:]] = param["Value"]
-            token = res.get("NextToken")
-            if not token:
-                return out
-            kwargs["NextToken"] = token
+        try:
+            return await parameters_by_path(await self._client.get(), prefix)
+        except (ClientError, BotoCoreError) as exc:
+            raise _upstream(f"SSM parameter path {prefix!r}", exc) from None
+
+
+async def parameters_by_path(client: AsyncBotocoreClient, prefix: str) -> dict[str, str]:
+    """Every parameter under `prefix` (`/a/b`, or `/`), recursively and decrypted, named relative to it;
+    every page. Botocore errors come through as they are."""
+    kwargs: dict[str, Any] = {"Path": prefix, "Recursive": True, "WithDecryption": True, "MaxResults": _SSM_PAGE}
+    strip = len(prefix.rstrip("/")) + 1
+    out: dict[str, str] = {}
+    while True:
+        res = await client.get_parameters_by_path(**kwargs)
+        for param in res.get("Parameters", []):
+            out[param["Name"][strip:]] = param["Value"]
+        token = res.get("NextToken")
+        if not token:
+            return out
+        kwargs["NextToken"] = token
 
 
 class AwsEnv:
@@ -214,16 +220,25 @@ def _unwrap(raw: str) -> str:
     return raw
 
 
-def _upstream(what: str, exc: ClientError | BotoCoreError) -> UpstreamError:
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "")) or "UnknownError"
+
+
+def upstream_error(action: str, what: str, exc: ClientError | BotoCoreError) -> UpstreamError:
+    """The error without AWS's message (not ours to vet): what, the code, and whether to retry."""
     if isinstance(exc, ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", "")) or "UnknownError"
+        code = error_code(exc)
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-        if code == "ResourceNotFoundException":
-            return UpstreamError(f"{what} not found")
-        return UpstreamError(f"Cannot read {what}: {code}", retryable=code in _RETRYABLE_CODES or status >= 500)
+        return UpstreamError(f"Cannot {action} {what}: {code}", retryable=code in _RETRYABLE_CODES or status >= 500)
     # Connection failures and timeouts may pass; bad credentials or parameters will not.
     retryable = isinstance(exc, (BotocoreConnectionError, HTTPClientError))
-    return UpstreamError(f"Cannot read {what}: {type(exc).__name__}", retryable=retryable)
+    return UpstreamError(f"Cannot {action} {what}: {type(exc).__name__}", retryable=retryable)
+
+
+def _upstream(what: str, exc: ClientError | BotoCoreError) -> UpstreamError:
+    if isinstance(exc, ClientError) and error_code(exc) == "ResourceNotFoundException":
+        return UpstreamError(f"{what} not found")
+    return upstream_error("read", what, exc)
 
 
 if TYPE_CHECKING:

@@ -33,12 +33,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import botocore.session
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
-from botocore.exceptions import ConnectionError as BotocoreConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
 
+from agentvm.adapters.aws.aws_env import error_code, parameters_by_path, upstream_error
 from agentvm.adapters.aws.clients import LazyClient
 from agentvm.domain.models import ConfigChange
-from agentvm.errors import InvalidRequest, UpstreamError
+from agentvm.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
@@ -50,10 +50,7 @@ AUDIT_PK: Final = "CONFIGAUDIT"
 #: The KMS key of SecureString values: the account's AWS managed key for SSM.
 DEFAULT_KMS_KEY: Final = "alias/aws/ssm"
 
-_SSM_PAGE: Final = 10  # GetParametersByPath's maximum page size
 _KEY: Final = re.compile(r"[A-Za-z0-9_.\-]+(?:/[A-Za-z0-9_.\-]+)*")
-_RETRYABLE_CODES: Final = frozenset({"ThrottlingException", "Throttling", "TooManyUpdates",
-                                     "InternalServerError", "ServiceUnavailable"})
 
 
 class SsmConfigStore:
@@ -120,35 +117,23 @@ class SsmConfigStore:
         try:
             await client.put_parameter(**params)
         except (ClientError, BotoCoreError) as exc:
-            raise _upstream("write", f"SSM parameter {name!r}", exc) from None
+            raise upstream_error("write", f"SSM parameter {name!r}", exc) from None
 
     async def _delete(self, name: str) -> None:
         client = await self._ssm.get()
         try:
             await client.delete_parameter(Name=name)
         except ClientError as exc:
-            if _error_code(exc) != "ParameterNotFound":
-                raise _upstream("delete", f"SSM parameter {name!r}", exc) from None
+            if error_code(exc) != "ParameterNotFound":
+                raise upstream_error("delete", f"SSM parameter {name!r}", exc) from None
         except BotoCoreError as exc:
-            raise _upstream("delete", f"SSM parameter {name!r}", exc) from None
+            raise upstream_error("delete", f"SSM parameter {name!r}", exc) from None
 
     async def _read_path(self) -> dict[str, str]:
-        client = await self._ssm.get()
-        kwargs: dict[str, Any] = {"Path": self.prefix, "Recursive": True, "WithDecryption": True,
-                                  "MaxResults": _SSM_PAGE}
-        strip = len(self.prefix.rstrip("/")) + 1
-        out: dict[str, str] = {}
-        while True:
-            try:
-                res = await client.get_parameters_by_path(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                raise _upstream("read", f"SSM parameter path {self.prefix!r}", exc) from None
-            for param in res.get("Parameters", []):
-                out[param["Name"][strip:]] = param["Value"]
-            token = res.get("NextToken")
-            if not token:
-                return out
-            kwargs["NextToken"] = token
+        try:
+            return await parameters_by_path(await self._ssm.get(), self.prefix)
+        except (ClientError, BotoCoreError) as exc:
+            raise upstream_error("read", f"SSM parameter path {self.prefix!r}", exc) from None
 
     def _invalidate(self) -> None:
         self._generation += 1
@@ -186,20 +171,6 @@ def _change(item: Mapping[str, Any]) -> ConfigChange:
         return None if value is None else str(value["S"])
     return ConfigChange(key=str(item["key"]["S"]), old=opt("old"), new=opt("new"),
                         actor=str(item["actor"]["S"]), at=int(item["at"]["N"]))
-
-
-def _error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", "")) or "UnknownError"
-
-
-def _upstream(action: str, what: str, exc: ClientError | BotoCoreError) -> UpstreamError:
-    """The error without AWS's message (not ours to vet): what, the code, and whether to retry."""
-    if isinstance(exc, ClientError):
-        code = _error_code(exc)
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-        return UpstreamError(f"Cannot {action} {what}: {code}", retryable=code in _RETRYABLE_CODES or status >= 500)
-    retryable = isinstance(exc, (BotocoreConnectionError, HTTPClientError))
-    return UpstreamError(f"Cannot {action} {what}: {type(exc).__name__}", retryable=retryable)
 
 
 if TYPE_CHECKING:
