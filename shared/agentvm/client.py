@@ -20,6 +20,14 @@ AgentVM extensions handled here:
   with `code: "frame_unavailable"`. A frame the server had to truncate (`data.__truncated`) is
   reported the same way.
 
+Sessions: an image may have several sessions (the extra ones are created over HTTP). Every session
+event carries `context.imageId` and `context.sessionId`; each session has its own `seq` sequence and
+its own turn queue. `send_message(..., session_id=...)` and `messages(..., session_id=...)` send
+`sessionId` to address one of them (without it: the image's primary session), and a turn is followed
+on its own session only: the one asked for, else the `sessionId` of the `message_send_response`, else
+(a server that omits it, such as the stock reference with one session per image) any session of the
+image, until the turn's first event shows which.
+
 Handlers run one at a time, in arrival order, on a dispatcher task of their own, so a handler may
 itself `await client.request(...)`.
 """
@@ -134,6 +142,8 @@ class TurnResult:
     `text` joins the text of the turn's LLM messages, separated by a blank line. `reason` is the
     `conversation_end` reason, `"error"` when `error_occurred` ended the turn, or None when the
     call did not wait. `turn` is the `turn_response` data (usage, cost, model, …) if it arrived.
+    `session_id` is the session of the turn: the one asked for, else the one the server named in its
+    response, else the one seen on the turn's events (None if none was seen).
     """
 
     image_id: str
@@ -145,6 +155,7 @@ class TurnResult:
     turn: dict[str, Any] | None = None
     queued: bool = False
     message_id: str | None = None
+    session_id: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -257,16 +268,17 @@ _NO_TURN_INFO = _TurnInfo()
 
 
 class _TurnTracker:
-    """Follows one image's turns from its event stream: where each ends, which queued message is next.
+    """Follows one session's turns from its event stream: where each ends, which queued message is next.
 
     A turn ends with `conversation_end` or `error_occurred`. If a server sends both for one failed
     turn (`error_occurred` and `conversation_end{reason:"error"}`, in either order, with no turn
     activity between them) they count as one end.
     """
 
-    __slots__ = ("_last_end", "_queue")
+    __slots__ = ("_last_end", "_queue", "image_id")
 
-    def __init__(self) -> None:
+    def __init__(self, image_id: str | None = None) -> None:
+        self.image_id = image_id  # the image the session belongs to
         self._queue: deque[str] = deque()
         self._last_end: str | None = None  # an error-kind end with no activity since
 
@@ -296,20 +308,27 @@ class _TurnTracker:
 class _TurnCollector:
     """Collects one `send_message` turn. Fed synchronously, in arrival order, from the receive loop.
 
-    Before the response only `conversation_queued` matters: the last one for the image is ours
-    (queued messages are announced before the response, spec §3.9 rule 4). After the response the
-    turn is ours at once, or, when queued, from the end of the turn that pops our message.
+    It sees every session event of its image and keeps those of its session: `session_id`, given by
+    the caller or taken from the response; while unknown (a server that does not name it), any
+    session's, until one is identified (the queue holding our message, or the turn's first event).
+
+    Before the response only `conversation_queued` matters: the last one of our session is ours
+    (queued messages are announced before the response, spec §3.9 rule 4), so the last one of each
+    session is kept until the response says which session is ours. After the response the turn is
+    ours at once, or, when queued, from the end of the turn that pops our message.
     """
 
-    def __init__(self, client: AgentVMClient, image_id: str, on_event: Callable[[Event], None] | None,
-                 grace: float) -> None:
+    def __init__(self, client: AgentVMClient, image_id: str, session_id: str | None,
+                 on_event: Callable[[Event], None] | None, grace: float) -> None:
         self._client = client
         self.image_id = image_id
+        self.session_id = session_id
         self._on_event = on_event
         self._grace = grace
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.state = "sent"  # sent → (waiting) → running → grace → ended
-        self.queued_event: Event | None = None
+        self.queued_events: dict[str, Event] = {}  # the last `conversation_queued` per session, before the response
+        self.last_queued: Event | None = None  # the last one of any session
         self.message_id: str | None = None
         self.queued = False
         self.active = False
@@ -328,37 +347,54 @@ class _TurnCollector:
         if data.get("error"):
             self._finish()
             return
+        if self.session_id is None:
+            self.session_id = _str_field(data, "sessionId")
         self.message_id = _str_field(data, "messageId")
-        queued = self.queued_event
+        queued = self.last_queued if self.session_id is None else self.queued_events.get(self.session_id)
+        self.queued_events, self.last_queued = {}, None
         if queued is not None:
             queued_id = _str_field(_data(queued), "messageId")
             if self.message_id is None or self.message_id == queued_id:
                 self.message_id = queued_id
-        tracker = self._client._trackers.get(self.image_id)
-        if self.message_id is not None and tracker is not None and tracker.is_queued(self.message_id):
-            self.queued = True
-            self.state = "waiting"
-            if queued is not None:
-                self._emit(queued)
+        # Which session's queue may hold our message: ours, else the announced one's, else any of the image.
+        trackers = self._client._trackers
+        if self.session_id is not None:
+            candidates: list[str | None] = [self.session_id]
+        elif queued is not None:
+            candidates = [_context_str(queued, "sessionId")]
         else:
-            self.state = "running"
+            candidates = [s for s, t in trackers.items() if t.image_id == self.image_id]
+        for session_id in candidates:
+            tracker = trackers.get(session_id) if session_id is not None else None
+            if self.message_id is not None and tracker is not None and tracker.is_queued(self.message_id):
+                self.session_id = session_id
+                self.queued = True
+                self.state = "waiting"
+                if queued is not None:
+                    self._emit(queued)
+                return
+        self.state = "running"
 
-    def observe(self, event: Event, info: _TurnInfo) -> None:
+    def observe(self, event: Event, info: _TurnInfo, session_id: str) -> None:
+        """`event` is a session event of this image; `info` what the session's tracker made of it."""
         kind = event["type"]
         if self.state == "sent":
             if kind == "conversation_queued":
-                self.queued_event = event
+                self.queued_events[session_id] = event
+                self.last_queued = event
+        elif self.session_id is not None and session_id != self.session_id:
+            return  # another session of the image
         elif self.state == "waiting":
             if info.ended and info.next_message_id == self.message_id:
                 self.state = "running"
         elif self.state == "running":
-            self._observe_running(event, kind, info)
+            self._observe_running(event, kind, info, session_id)
         elif self.state == "grace" and kind == "turn_response" and self._is_ours(event):
             self.turn = _data(event)
             self._emit(event)
             self._finish()
 
-    def _observe_running(self, event: Event, kind: str, info: _TurnInfo) -> None:
+    def _observe_running(self, event: Event, kind: str, info: _TurnInfo, session_id: str) -> None:
         if kind in ("conversation_queued", "message_persisted", "user_message"):
             return  # about other messages (sent behind ours, or from another device)
         if kind == "turn_response":
@@ -368,6 +404,8 @@ class _TurnCollector:
             return
         if kind not in _NOT_TURN_ACTIVITY:
             self.active = True
+            if self.session_id is None:
+                self.session_id = session_id  # the turn's first event: from now on, only this session
         data = _data(event)
         if kind == "message_start":
             llm_message_id = _str_field(data, "messageId")
@@ -432,6 +470,7 @@ class _TurnCollector:
             turn=self.turn,
             queued=self.queued,
             message_id=self.message_id,
+            session_id=self.session_id,
         )
 
 
@@ -488,8 +527,8 @@ class AgentVMClient:
         self._sent_subscribe: set[str] = set()  # sessions subscribed on the current connection
         self._last_seq: dict[str, int] = {}
         self._server_has_seq = False
-        self._trackers: dict[str, _TurnTracker] = {}
-        self._collectors: dict[str, list[_TurnCollector]] = {}
+        self._trackers: dict[str, _TurnTracker] = {}  # by sessionId
+        self._collectors: dict[str, list[_TurnCollector]] = {}  # by imageId
 
     # ------------------------------------------------------------------------------------- lifecycle
 
@@ -727,12 +766,16 @@ class AgentVMClient:
         image_id: str,
         content: str | list[dict[str, Any]],
         *,
+        session_id: str | None = None,
         wait: bool = True,
         timeout: float | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> TurnResult:
         """Send a user message to an image and (by default) wait for the end of its turn.
 
+        `session_id` picks one of the image's sessions (None: its primary session). Only the events
+        of the turn's session are collected (see the module docstring), so turns on several sessions
+        of one image may run at once.
         Collects the turn's `text_delta` text until `conversation_end` or `error_occurred`, plus the
         `turn_response` data. A queued message (`conversation_queued`) is followed correctly: the
         turn that was running when it was sent is skipped. `on_event` is called synchronously for
@@ -742,12 +785,14 @@ class AgentVMClient:
 
         Raises `RequestFailed` if the server rejects the message, `RequestTimeout`, `ConnectionLost`.
         """
-        collector = _TurnCollector(self, image_id, on_event, self.turn_response_grace)
+        collector = _TurnCollector(self, image_id, session_id, on_event, self.turn_response_grace)
         bucket = self._collectors.setdefault(image_id, [])
         bucket.append(collector)
+        payload: dict[str, Any] = {"imageId": image_id, "content": content}
+        if session_id is not None:
+            payload["sessionId"] = session_id
         try:
-            response = await self._request("message_send", {"imageId": image_id, "content": content},
-                                           limit=None, on_response=collector.on_response)
+            response = await self._request("message_send", payload, limit=None, on_response=collector.on_response)
             data = _data(response)
             if data.get("error"):
                 raise RequestFailed(str(data["error"]), response)
@@ -759,7 +804,8 @@ class AgentVMClient:
                 except TimeoutError as exc:
                     if isinstance(exc, ClientError):
                         raise
-                    raise RequestTimeout(f"turn on {image_id} did not end within {timeout:g}s") from None
+                    where = image_id if collector.session_id is None else f"{image_id}/{collector.session_id}"
+                    raise RequestTimeout(f"turn on {where} did not end within {timeout:g}s") from None
             return collector.result(agent_id)
         finally:
             collector.fail(ConnectionLost("turn abandoned"))
@@ -769,6 +815,19 @@ class AgentVMClient:
                 bucket.remove(collector)
             if not bucket:
                 self._collectors.pop(image_id, None)
+
+    async def messages(self, image_id: str, *, session_id: str | None = None) -> list[dict[str, Any]]:
+        """The message history of an image's session (None: its primary session).
+
+        Sends `image_messages_request` (with `sessionId` when given) and returns `data["messages"]`.
+        Raises `RequestFailed` if the server refuses, `RequestTimeout`, `ConnectionLost`.
+        """
+        payload: dict[str, Any] = {"imageId": image_id}
+        if session_id is not None:
+            payload["sessionId"] = session_id
+        response = await self.request_ok("image_messages", payload)
+        messages = _data(response).get("messages")
+        return list(messages) if isinstance(messages, list) else []
 
     # ------------------------------------------------------------------------------------- connection
 
@@ -963,12 +1022,12 @@ class AgentVMClient:
 
         image_id = _context_str(event, "imageId")
         if image_id is not None and session_id is not None:
-            tracker = self._trackers.get(image_id)
+            tracker = self._trackers.get(session_id)
             if tracker is None:
-                tracker = self._trackers[image_id] = _TurnTracker()
+                tracker = self._trackers[session_id] = _TurnTracker(image_id)
             info = tracker.observe(event)
             for collector in list(self._collectors.get(image_id, ())):
-                collector.observe(event, info)
+                collector.observe(event, info, session_id)
 
         self._dispatch_queue.put_nowait(lambda: self._deliver(event))
 

@@ -1,4 +1,4 @@
-"""The management API from Python: definitions, images, resources and configuration over HTTP.
+"""The management API from Python: definitions, images, sessions, resources and configuration over HTTP.
 
 ```python
 async with ManagementClient("http://127.0.0.1:8080", token=None) as avm:
@@ -7,16 +7,27 @@ async with ManagementClient("http://127.0.0.1:8080", token=None) as avm:
     print(image["pins"])
 ```
 
-Errors raise `ManagementError` with the server's code, message and field. The conversation itself
-(messages, streaming) is the WebSocket client's (`agentvm.client.AgentVMClient`).
+An image may have several sessions; each runs with the image exactly as it was built:
+
+```python
+    session = await avm.sessions.create(image["imageId"], title="Second try")
+    async with await session.resume() as chat:     # the conversation, over the WebSocket
+        result = await chat.send("Hello again")    # an agentvm.client.TurnResult
+```
+
+Errors raise `ManagementError` with the server's code, message and field. Streaming a conversation
+is the WebSocket client's (`agentvm.client.AgentVMClient`); `Session.resume()` opens one for you.
 """
 
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
+
+if TYPE_CHECKING:  # the WebSocket client loads only when a session is resumed
+    from agentvm.client import AgentVMClient, TurnResult
 
 JSON = dict[str, Any]
 
@@ -93,6 +104,111 @@ class Resources(_Api):
         await self._call("DELETE", f"/v1/resources/{resource_id}", params={"force": "true" if force else None})
 
 
+class Session:
+    """A session of an image, as the server described it (`data`); `resume()` continues it."""
+
+    def __init__(self, data: JSON, sessions: Sessions) -> None:
+        self.data = data
+        self._sessions = sessions
+
+    @property
+    def session_id(self) -> str:
+        return str(self.data["sessionId"])
+
+    @property
+    def image_id(self) -> str:
+        return str(self.data["imageId"])
+
+    @property
+    def title(self) -> str | None:
+        return self.data.get("title")
+
+    def __repr__(self) -> str:
+        return f"Session({self.session_id!r}, image={self.image_id!r}, title={self.title!r})"
+
+    async def messages(self) -> list[JSON]:
+        return await self._sessions.messages(self.session_id)
+
+    async def turns(self) -> list[JSON]:
+        return await self._sessions.turns(self.session_id)
+
+    async def resume(self, client: AgentVMClient | None = None) -> Conversation:
+        """The conversation of this session, to go on with: its turns run with the image as it was
+        built (its pinned resources), however much later. Over the WebSocket: `client`, or one
+        opened on the management client's `ws_url` and closed with the conversation."""
+        current = await self._sessions.get(self.session_id)  # it still exists, with its image
+        self.data = current.data
+        if client is not None:
+            return Conversation(self, client, own=False)
+        from agentvm.client import AgentVMClient
+
+        opened = AgentVMClient(self._sessions.ws_url, token=self._sessions.token)
+        await opened.connect()
+        return Conversation(self, opened, own=True)
+
+
+class Conversation:
+    """A resumed session: send messages, read the history. `async with` closes what it opened."""
+
+    def __init__(self, session: Session, client: AgentVMClient, *, own: bool) -> None:
+        self.session = session
+        self.client = client
+        self._own = own
+
+    @property
+    def image(self) -> JSON:
+        """The image the session runs with: config, `pins` and `sources` as built."""
+        return dict(self.session.data.get("image") or {})
+
+    async def send(self, content: str | list[JSON], *, timeout: float | None = None) -> TurnResult:
+        return await self.client.send_message(self.session.image_id, content, session_id=self.session.session_id,
+                                              timeout=timeout)
+
+    async def messages(self) -> list[JSON]:
+        return await self.client.messages(self.session.image_id, session_id=self.session.session_id)
+
+    async def close(self) -> None:
+        if self._own:
+            await self.client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+
+class Sessions(_Api):
+    def __init__(self, http: httpx.AsyncClient, *, ws_url: str, token: str | None) -> None:
+        super().__init__(http)
+        self.ws_url, self.token = ws_url, token
+
+    async def create(self, image_id: str, *, title: str | None = None) -> Session:
+        body = {"title": title} if title is not None else {}
+        return Session(dict(await self._call("POST", f"/v1/images/{image_id}/sessions", json=body)), self)
+
+    async def get(self, session_id: str) -> Session:
+        return Session(dict(await self._call("GET", f"/v1/sessions/{session_id}")), self)
+
+    async def delete(self, session_id: str) -> None:
+        await self._call("DELETE", f"/v1/sessions/{session_id}")
+
+    async def messages(self, session_id: str) -> list[JSON]:
+        return list((await self._call("GET", f"/v1/sessions/{session_id}/messages"))["items"])
+
+    async def send(self, session_id: str, content: str | list[JSON]) -> JSON:
+        """Queue a message without following its turn (read it back with `turns`)."""
+        return dict(await self._call("POST", f"/v1/sessions/{session_id}/messages", json={"content": content}))
+
+    async def turns(self, session_id: str) -> list[JSON]:
+        return list((await self._call("GET", f"/v1/sessions/{session_id}/turns"))["items"])
+
+    async def list(self, image_id: str) -> list[Session]:  # last: it shadows `list` in the class body
+        items = (await self._call("GET", f"/v1/images/{image_id}/sessions"))["items"]
+        return [Session(dict(i), self) for i in items]
+
+
 class Config(_Api):
     async def get(self, key: str | None = None) -> JSON:
         return dict(await self._call("GET", f"/v1/config/{key}" if key else "/v1/config"))
@@ -113,14 +229,27 @@ def http_base(url: str) -> str:
     return url.rstrip("/")
 
 
+def ws_url_for(url: str) -> str:
+    """`http://host:port` → `ws://host:port/ws` (https → wss): where `avm serve` speaks AgentX. A
+    ws(s) URL is kept (the cloud's WebSocket API has an address of its own)."""
+    if url.startswith(("ws://", "wss://")):
+        return url
+    base = http_base(url)
+    return ("wss://" if base.startswith("https://") else "ws://") + base.split("://", 1)[1] + "/ws"
+
+
 class ManagementClient:
+    """`url`: the server (http(s) or its ws(s) address); `ws_url`: the AgentX WebSocket for resumed
+    sessions when it is not `url`'s (the cloud's WebSocket API)."""
+
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0,
-                 http_client: httpx.AsyncClient | None = None) -> None:
+                 http_client: httpx.AsyncClient | None = None, ws_url: str | None = None) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._own = http_client is None
         self._http = http_client or httpx.AsyncClient(base_url=http_base(url), headers=headers, timeout=timeout)
         self.definitions = Definitions(self._http)
         self.images = Images(self._http)
+        self.sessions = Sessions(self._http, ws_url=ws_url or ws_url_for(url), token=token)
         self.resources = Resources(self._http)
         self.config = Config(self._http)
 

@@ -53,10 +53,23 @@ class Store(Protocol):
     async def update_image(self, tenant_id: str, image_id: str, *, name: str | None,
                            description: str | None, updated_at: int) -> Image | None: ...
     async def delete_image(self, tenant_id: str, image_id: str) -> bool:
-        """Delete the image with its session, messages, event log, turns and agent."""
+        """Delete the image with every session of it (messages, event logs, turns) and its agent."""
         ...
 
     async def get_session(self, tenant_id: str, session_id: str) -> Session | None: ...
+    async def create_session(self, session: Session) -> bool:
+        """Add a session to an existing image of the same tenant and container; False when the image
+        does not exist (Conflict when the session id exists)."""
+        ...
+
+    async def list_sessions(self, tenant_id: str, image_id: str) -> list[Session]:
+        """Every session of an image, the primary one included, oldest first."""
+        ...
+
+    async def delete_session(self, tenant_id: str, session_id: str) -> bool:
+        """Delete a session with its messages, event log and turns; False when it does not exist.
+        (The primary session goes only with its image: services refuse to delete it alone.)"""
+        ...
 
     # agents (activation records)
     async def put_agent(self, agent: Agent) -> Agent:

@@ -139,6 +139,10 @@ async def test_every_request_path_uses_keyed_reads_and_writes_and_never_scans(st
         "list_images of a container": await calls.ops(store.list_images("t1", "c1")),
         "update_image": await calls.ops(store.update_image("t1", "i1", name="x", description=None, updated_at=2)),
         "get_session": await calls.ops(store.get_session("t1", "sess_i1")),
+        "create_session": await calls.ops(store.create_session(Session("t1", "sess_b", "i1", "c1", 3, 3, "b"))),
+        "list_sessions": await calls.ops(store.list_sessions("t1", "i1")),
+        "delete_session": await calls.ops(store.delete_session("t1", "sess_b")),
+        "delete_session again": await calls.ops(store.delete_session("t1", "sess_b")),
         "put_agent": await calls.ops(store.put_agent(agent)),
         "put_agent again": await calls.ops(store.put_agent(Agent("t1", "a2", "i1", "c1", "n", 2))),
         "get_agent": await calls.ops(store.get_agent("t1", "a1")),
@@ -181,6 +185,10 @@ async def test_every_request_path_uses_keyed_reads_and_writes_and_never_scans(st
         "list_images of a container": ["Query"],
         "update_image": ["UpdateItem"],
         "get_session": ["GetItem"],
+        "create_session": ["TransactWriteItems"],  # the image checked; the session and its entry
+        "list_sessions": ["Query"],
+        "delete_session": ["GetItem", "DeleteItem", "Query", "BatchWriteItem"],
+        "delete_session again": ["GetItem"],
         "put_agent": ["PutItem"],
         "put_agent again": ["PutItem"],  # the winner comes back with the failed condition
         "get_agent": ["Query", "GetItem"],
@@ -209,7 +217,7 @@ async def test_every_request_path_uses_keyed_reads_and_writes_and_never_scans(st
         "delete_resource": ["Query", "BatchWriteItem", "TransactWriteItems"],
         "delete_resource again": ["Query"],
         "delete_agent": ["Query", "DeleteItem"],
-        "delete_image": ["GetItem", "Query", "BatchWriteItem", "DeleteItem"],
+        "delete_image": ["GetItem", "Query", "Query", "BatchWriteItem", "DeleteItem"],  # its sessions, then each
         "delete_image again": ["GetItem"],
     }
     assert not any("Scan" in name for names in ops.values() for name in names)
@@ -445,7 +453,7 @@ async def test_delete_image_removes_a_large_session_in_batches(store: DynamoDBSt
     calls = Calls(store)
     assert await store.delete_image("t1", "i1") is True
     writes = [len(next(iter(p["RequestItems"].values()))) for n, p in calls.log if n == "BatchWriteItem"]
-    assert writes == [25, 25, 14]  # session + 60 event blocks + message + turn + agent
+    assert writes == [25, 25, 15]  # session and its entry + 60 event blocks + message + turn + agent
     assert await raw_partition(store, "SESS#t1#sess_i1") == [] and await raw_partition(store, "IMG#t1#i1") == []
     assert await store.get_turn("t1", "turn1") is not None  # i2's turn1 is untouched
     assert len(await store.read_events("t1", "sess_i2", 0)) == 3

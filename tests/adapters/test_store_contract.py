@@ -146,6 +146,48 @@ async def test_delete_image_removes_everything_of_its_session(store: Store) -> N
     assert [m.message_id for m in await store.list_messages("t1", "sess_i2")] == ["m_i2"]
 
 
+async def test_an_image_has_several_sessions_each_with_its_own_history(store: Store) -> None:
+    await store.create_image(*image("t1", "i1", created=1))
+    await store.create_image(*image("t1", "i2", created=1))
+    second = Session("t1", "sess_b", "i1", "c1", 5, 5, "second")
+    assert await store.create_session(second) is True
+    assert await store.create_session(Session("t1", "sess_c", "i1", "c1", 7, 7)) is True
+    with pytest.raises(Conflict):
+        await store.create_session(Session("t1", "sess_b", "i1", "c1", 9, 9))
+    # only onto an existing image of the same tenant and container
+    assert await store.create_session(Session("t2", "sess_x", "i1", "c1", 9, 9)) is False
+    assert await store.create_session(Session("t1", "sess_x", "i1", "c2", 9, 9)) is False
+    assert await store.create_session(Session("t1", "sess_x", "nope", "c1", 9, 9)) is False
+    assert await store.get_session("t1", "sess_x") is None
+    assert await store.get_session("t1", "sess_b") == second
+    assert await store.get_session("t2", "sess_b") is None
+    assert [x.session_id for x in await store.list_sessions("t1", "i1")] == ["sess_i1", "sess_b", "sess_c"]
+    assert [x.title for x in await store.list_sessions("t1", "i1")] == [None, "second", None]
+    assert await store.list_sessions("t2", "i1") == []
+    for sid in ("sess_i1", "sess_b"):
+        await store.commit(Checkpoint("t1", sid, messages=[StoredMessage(sid, f"m_{sid}", {"id": sid}, "t")],
+                                      events=[LoggedEvent(1, "x", "{}", 1)],
+                                      turns=[Turn("t1", f"turn_{sid}", sid, "i1", "c1", f"m_{sid}",
+                                                  TurnStatus.COMPLETED, 1)]))
+    assert [m.message_id for m in await store.list_messages("t1", "sess_b")] == ["m_sess_b"]
+    assert await store.reserve_seqs("t1", "sess_b", 10) == (2, 11)  # a seq order of its own
+
+    assert await store.delete_session("t2", "sess_b") is False
+    assert await store.delete_session("t1", "sess_b") is True
+    assert await store.delete_session("t1", "sess_b") is False
+    assert await store.get_session("t1", "sess_b") is None and await store.get_turn("t1", "turn_sess_b") is None
+    assert await store.list_messages("t1", "sess_b") == [] and await store.read_events("t1", "sess_b", 0) == []
+    assert [x.session_id for x in await store.list_sessions("t1", "i1")] == ["sess_i1", "sess_c"]
+    assert [m.message_id for m in await store.list_messages("t1", "sess_i1")] == ["m_sess_i1"]
+
+    await store.commit(Checkpoint("t1", "sess_c", messages=[StoredMessage("sess_c", "m_c", {"id": "c"}, None)]))
+    assert await store.delete_image("t1", "i1") is True  # with every session of it
+    for sid in ("sess_i1", "sess_c"):
+        assert await store.get_session("t1", sid) is None and await store.list_messages("t1", sid) == []
+    assert await store.list_sessions("t1", "i1") == []
+    assert [x.session_id for x in await store.list_sessions("t1", "i2")] == ["sess_i2"]
+
+
 async def test_unfinished_turns_and_event_pruning(store: Store) -> None:
     await store.create_image(*image("t1", "i1"))
     turns = [Turn("t1", f"turn{i}", "sess_i1", "i1", "c1", f"m{i}", st, i)
@@ -187,7 +229,7 @@ async def test_sqlite_migrates_an_existing_database_in_place(tmp_path: Path) -> 
     finally:
         await s.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 4
 
 
 # ---- resources ---------------------------------------------------------------------------------

@@ -556,8 +556,10 @@ async def test_send_message_collects_the_turn(fake: FakeAgentX) -> None:
         result = await client.send_message(IMAGE, "Hi", on_event=lambda e: seen.append(e["type"]))
     [request] = fake.requests()
     assert request["data"]["content"] == "Hi" and request["data"]["imageId"] == IMAGE
+    assert "sessionId" not in request["data"]
     assert result.text == "Hello" and result.reason == "completed" and result.ok and not result.queued
     assert result.agent_id == "agent_1"
+    assert result.session_id == SESSION  # the response named none: the one seen on the turn's events
     assert result.turn is not None and result.turn["usage"] == {"inputTokens": 3, "outputTokens": 5}
     assert seen == ["message_start", "conversation_start", "text_delta", "text_delta", "message_stop",
                     "assistant_message", "conversation_end", "turn_response"]
@@ -650,6 +652,135 @@ async def test_send_message_survives_a_drop_mid_turn(fake: FakeAgentX) -> None:
     assert result.text == "abc" and result.reason == "completed"
     assert result.turn is not None and result.turn["turnId"] == "turn_m1"
     assert fake.requests(1)[0] == {"type": "subscribe", "sessionId": SESSION, "afterSeq": 3}
+
+
+SESSION_A, SESSION_B = "sess_a", "sess_b"
+
+
+async def play_on(fake: FakeAgentX, session: str, script: list[tuple[str, Event]]) -> None:
+    for type_, data in script:
+        await fake.publish(type_, data, session=session)
+
+
+async def play_interleaved(fake: FakeAgentX, *scripts: tuple[str, list[tuple[str, Event]]]) -> None:
+    """Publish the events of several sessions' scripts alternately, one of each in turn."""
+    for i in range(max(len(script) for _, script in scripts)):
+        for session, script in scripts:
+            if i < len(script):
+                await fake.publish(*script[i], session=session)
+
+
+async def test_send_message_follows_two_sessions_of_one_image_at_once(fake: FakeAgentX) -> None:
+    held: dict[str, Event] = {}
+
+    async def message_send(fake: FakeAgentX, ws: ServerConnection, request: Event) -> None:
+        held[request["data"]["sessionId"]] = request
+        if len(held) < 2:
+            return
+        # both sessions are busy: each message is queued, both announced before either response
+        await fake.publish("conversation_queued", {"messageId": "mA"}, session=SESSION_A, category="state")
+        await fake.publish("conversation_queued", {"messageId": "mB"}, session=SESSION_B, category="state")
+        for session in (SESSION_A, SESSION_B):
+            await fake.respond(ws, held[session], imageId=IMAGE, agentId="agent_1", sessionId=session)
+        await play_interleaved(fake, (SESSION_A, turn_script([], message_id="m0a")[3:]),
+                               (SESSION_B, turn_script(["old b"], message_id="m0b")[2:]))
+        await play_interleaved(fake, (SESSION_A, turn_script(["alpha", " reply"], message_id="mA", llm_id="la")),
+                               (SESSION_B, turn_script(["beta"], message_id="mB", llm_id="lb")))
+
+    fake.on_request["message_send_request"] = message_send
+    seen: dict[str, list[tuple[str, str]]] = {SESSION_A: [], SESSION_B: []}
+
+    def recorder(session: str) -> Callable[[Event], None]:
+        return lambda e: seen[session].append((e["context"]["sessionId"], e["type"]))
+
+    async with make_client(fake) as client:
+        for session in (SESSION_A, SESSION_B):
+            await client.subscribe(session)
+        await until(lambda: {SESSION_A, SESSION_B} <= fake.live.get(fake.conns[0], set()))
+        await play_interleaved(fake, (SESSION_A, turn_script(["old a"], message_id="m0a")[:3]),
+                               (SESSION_B, turn_script([], message_id="m0b")[:2]))
+        a, b = await asyncio.wait_for(asyncio.gather(
+            client.send_message(IMAGE, "to a", session_id=SESSION_A, on_event=recorder(SESSION_A)),
+            client.send_message(IMAGE, "to b", session_id=SESSION_B, on_event=recorder(SESSION_B))), 3)
+        assert not client._collectors
+
+    assert [(f["data"]["content"], f["data"]["sessionId"]) for f in fake.requests()
+            if f["type"] == "message_send_request"] == [("to a", SESSION_A), ("to b", SESSION_B)]
+    assert (a.text, a.session_id, a.message_id, a.queued, a.reason) == ("alpha reply", SESSION_A, "mA", True,
+                                                                        "completed")
+    assert (b.text, b.session_id, b.message_id, b.queued, b.reason) == ("beta", SESSION_B, "mB", True,
+                                                                        "completed")
+    assert a.turn is not None and a.turn["turnId"] == "turn_mA"
+    assert b.turn is not None and b.turn["turnId"] == "turn_mB"
+    for session, events in seen.items():
+        assert {s for s, _ in events} == {session}
+        assert events[0][1] == "conversation_queued" and events[-1][1] == "turn_response"
+        assert [t for _, t in events].count("message_start") == 1
+
+
+async def test_send_message_locks_to_the_session_named_in_the_response(fake: FakeAgentX) -> None:
+    async def message_send(fake: FakeAgentX, ws: ServerConnection, request: Event) -> None:
+        # another device queues a message on the image's other, busy session just before our response
+        await fake.publish("conversation_queued", {"messageId": "other"}, session=SESSION_B, category="state")
+        await fake.respond(ws, request, imageId=IMAGE, agentId="agent_1", sessionId=SESSION_A)
+        await play_interleaved(fake, (SESSION_B, turn_script(["noise"], message_id="m0b", llm_id="lb")),
+                               (SESSION_A, turn_script(["mine"], message_id="m1", llm_id="la")))
+
+    fake.on_request["message_send_request"] = message_send
+    seen: list[str] = []
+    async with make_client(fake) as client:
+        for session in (SESSION_A, SESSION_B):
+            await client.subscribe(session)
+        await until(lambda: {SESSION_A, SESSION_B} <= fake.live.get(fake.conns[0], set()))
+        await play_on(fake, SESSION_B, turn_script(["busy"], message_id="m_busy", llm_id="l0")[:3])
+        result = await asyncio.wait_for(
+            client.send_message(IMAGE, "Hi", on_event=lambda e: seen.append(e["context"]["sessionId"])), 3)
+    [request] = fake.requests(0)[2:]
+    assert "sessionId" not in request["data"]
+    assert (result.text, result.session_id, result.queued, result.reason) == ("mine", SESSION_A, False, "completed")
+    assert result.turn is not None and result.turn["turnId"] == "turn_m1"
+    assert set(seen) == {SESSION_A}
+
+
+async def test_send_message_without_session_in_response_follows_the_session_of_the_turn(
+        fake: FakeAgentX) -> None:
+    async def message_send(fake: FakeAgentX, ws: ServerConnection, request: Event) -> None:
+        await fake.respond(ws, request, imageId=IMAGE, agentId="agent_1")  # a server that names no session
+        await fake.publish(*turn_script([], message_id="m1")[0], session=SESSION_A)
+        await play_interleaved(fake, (SESSION_B, turn_script(["noise"], message_id="m2", llm_id="lb")),
+                               (SESSION_A, turn_script(["mine"], message_id="m1")[1:]))
+
+    fake.on_request["message_send_request"] = message_send
+    async with make_client(fake) as client:
+        for session in (SESSION_A, SESSION_B):
+            await client.subscribe(session)
+        await until(lambda: {SESSION_A, SESSION_B} <= fake.live.get(fake.conns[0], set()))
+        result = await asyncio.wait_for(client.send_message(IMAGE, "Hi"), 3)
+    assert (result.text, result.session_id, result.reason) == ("mine", SESSION_A, "completed")
+    assert result.turn is not None and result.turn["turnId"] == "turn_m1"
+
+
+async def test_messages_requests_the_history_of_a_session(fake: FakeAgentX) -> None:
+    history = {None: [{"id": "m1", "role": "user", "content": "primary"}],
+               SESSION_B: [{"id": "m9", "role": "user", "content": "second"}]}
+
+    async def image_messages(fake: FakeAgentX, ws: ServerConnection, request: Event) -> None:
+        if request["data"]["imageId"] != IMAGE:
+            await fake.respond(ws, request, error="Image not found: nope")
+        else:
+            await fake.respond(ws, request, imageId=IMAGE, messages=history[request["data"].get("sessionId")])
+
+    fake.on_request["image_messages_request"] = image_messages
+    async with make_client(fake) as client:
+        primary = await client.messages(IMAGE)
+        second = await client.messages(IMAGE, session_id=SESSION_B)
+        with pytest.raises(RequestFailed, match=r"^Image not found: nope$"):
+            await client.messages("nope")
+    assert primary == history[None] and second == history[SESSION_B]
+    frames = fake.requests()
+    assert [f["type"] for f in frames] == ["image_messages_request"] * 3
+    assert [{k: v for k, v in f["data"].items() if k != "requestId"} for f in frames] == [
+        {"imageId": IMAGE}, {"imageId": IMAGE, "sessionId": SESSION_B}, {"imageId": "nope"}]
 
 
 def test_turn_tracker_counts_one_end_per_turn() -> None:

@@ -18,6 +18,7 @@ from agentvm import __version__
 from agentvm.api.config_http import config_router
 from agentvm.api.images_http import images_router
 from agentvm.api.resources_http import resources_router
+from agentvm.api.sessions_http import sessions_router
 from agentvm.domain.models import Principal
 from agentvm.errors import AgentVMError
 from agentvm.services.bundle import Services
@@ -35,7 +36,7 @@ class HttpApi:
     config: Callable[[], ConfigService] | None = None  # None: this deployment serves no /v1/config
     # who may read and change the configuration (the deployment's, not a tenant's): admin keys
     admin_for: Callable[[Request], Awaitable[Principal]] | None = None
-    # the services over a session host (avm serve): /v1/definitions and /v1/images
+    # the services over a session host (avm serve): /v1/definitions, /v1/images and /v1/sessions
     services: Callable[[], Services] | None = None
 
 
@@ -70,6 +71,7 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         app.include_router(resources_router(api.resources, api.principal_for))
         if api.services is not None:
             app.include_router(images_router(api.services, api.principal_for))
+            app.include_router(sessions_router(api.services, api.principal_for))
         if api.config is not None:
             app.include_router(config_router(api.config, api.admin_for or api.principal_for))
     return app

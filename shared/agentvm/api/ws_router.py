@@ -225,9 +225,13 @@ class CommandRouter:
         return cmd.ImageDeleteResponse(request_id=r.request_id, image_id=r.image_id)
 
     async def _image_messages(self, p: Principal, conn: str, r: cmd.ImageMessagesRequest) -> cmd.ResponseData:
-        history = await self.s.images.messages(p, r.image_id)
-        return cmd.ImageMessagesResponse(request_id=r.request_id, image_id=r.image_id,
-                                         messages=[m.body for m in history])
+        image = await self.s.session_center.view(p, await self.s.images.require(p, r.image_id), r.session_id)
+        history = await self.s.session_center.history(image)
+        out = cmd.ImageMessagesResponse(request_id=r.request_id, image_id=r.image_id,
+                                        messages=[m.body for m in history])
+        if r.session_id is not None:
+            out.session_id = image.session_id
+        return out
 
     # ---- turns -------------------------------------------------------------------------------
 
@@ -235,11 +239,12 @@ class CommandRouter:
         content: str | list[dict[str, Any]] = (
             r.content if isinstance(r.content, str)
             else [part.model_dump(by_alias=True, exclude_none=True) for part in r.content])
-        image, agent, _turn = await self.s.turns.send(p, conn, r.image_id, r.agent_id, content)
-        return cmd.MessageSendResponse(request_id=r.request_id, image_id=image.image_id, agent_id=agent.agent_id)
+        image, agent, _turn = await self.s.turns.send(p, conn, r.image_id, r.agent_id, content, r.session_id)
+        return cmd.MessageSendResponse(request_id=r.request_id, image_id=image.image_id, agent_id=agent.agent_id,
+                                       session_id=image.session_id)
 
     async def _agent_interrupt(self, p: Principal, conn: str, r: cmd.AgentInterruptRequest) -> cmd.ResponseData:
-        image, agent = await self.s.turns.interrupt(p, conn, r.image_id, r.agent_id)
+        image, agent = await self.s.turns.interrupt(p, conn, r.image_id, r.agent_id, r.session_id)
         out = cmd.AgentInterruptResponse(request_id=r.request_id, image_id=image.image_id)
         if agent is not None:
             out.agent_id = agent.agent_id

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -42,15 +42,24 @@ class Image:
     system_prompt: str | None = None
     config: JSON = field(default_factory=dict)
 
+    def for_session(self, session_id: str) -> Image:
+        """The image as one of its sessions runs it: the same snapshot, `session_id` set to that
+        session. The engine keys everything (turns, history, event log, leases) by it."""
+        return self if session_id == self.session_id else replace(self, session_id=session_id)
+
 
 @dataclass(slots=True)
 class Session:
+    """A conversation of an image: its messages, turns and event log. An image has its primary
+    session (created with it; the AgentX protocol's one session per image) and may have more."""
+
     tenant_id: str
     session_id: str
     image_id: str
     container_id: str
     created_at: int
     updated_at: int
+    title: str | None = None
 
 
 @dataclass(slots=True)

@@ -103,27 +103,34 @@ class ImageDeleteRequest(ImageIdRequest):
 
 
 class ImageMessagesRequest(ImageIdRequest):
-    pass
+    session_id: IdStr | None = None  # extension: another session of the image (default: its primary one)
+
+
+def content_not_empty(v: Any) -> Any:
+    """A user message's content: text that is not blank, or at least one part."""
+    if isinstance(v, str) and not v.strip():
+        raise ValueError("must not be empty")
+    if isinstance(v, list) and not v:
+        raise ValueError("must contain at least one part")
+    return v
 
 
 class MessageSendRequest(RequestData):
     image_id: IdStr | None = None
     agent_id: IdStr | None = None
+    session_id: IdStr | None = None  # extension: another session of the image (default: its primary one)
     content: UserContent
 
     @field_validator("content")
     @classmethod
     def _not_empty(cls, v: Any) -> Any:
-        if isinstance(v, str) and not v.strip():
-            raise ValueError("must not be empty")
-        if isinstance(v, list) and not v:
-            raise ValueError("must contain at least one part")
-        return v
+        return content_not_empty(v)
 
 
 class AgentInterruptRequest(RequestData):
     image_id: IdStr | None = None
     agent_id: IdStr | None = None
+    session_id: IdStr | None = None  # extension, as in message_send
 
 
 class AgentIdRequest(RequestData):
@@ -237,12 +244,14 @@ class ImageDeleteResponse(ResponseData):
 
 class ImageMessagesResponse(ResponseData):
     image_id: str | None = None
+    session_id: str | None = None  # extension: set when the request named a session
     messages: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class MessageSendResponse(ResponseData):
     image_id: str | None = None
     agent_id: str = ""
+    session_id: str | None = None  # extension: the session the message was queued on
 
 
 class AgentInterruptResponse(ResponseData):

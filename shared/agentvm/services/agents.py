@@ -7,7 +7,7 @@ from agentvm.domain.models import Agent, Image, Principal
 from agentvm.ids import agent_id, now_ms
 from agentvm.protocol.envelope import encode, event
 from agentvm.services.deps import Deps
-from agentvm.services.session_host import SessionHost
+from agentvm.services.session_host import SessionHost, session_views
 
 
 class AgentService:
@@ -39,7 +39,8 @@ class AgentService:
         if not await store.delete_agent(p.tenant_id, agent.agent_id):
             return False
         if image is not None:
-            await self.sessions.stop(image, agent.agent_id, reason="The agent was stopped.")
+            for session in await session_views(store, image):
+                await self.sessions.stop(session, agent.agent_id, reason="The agent was stopped.")
         self.deps.fanout.to_container(p.tenant_id, agent.container_id, encode(event(
             "agent_unregistered", {"containerId": agent.container_id, "agentId": agent.agent_id},
             {"containerId": agent.container_id, "agentId": agent.agent_id})))

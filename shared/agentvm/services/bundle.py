@@ -8,6 +8,7 @@ from agentvm.services.deps import Deps
 from agentvm.services.image_builder import ImageBuilder
 from agentvm.services.images import ImageService
 from agentvm.services.resources import ResourceService
+from agentvm.services.session_center import SessionCenter
 from agentvm.services.session_host import SessionHost
 from agentvm.services.sessions import SessionRegistry
 from agentvm.services.turns import TurnService
@@ -21,4 +22,5 @@ class Services:
         self.agents = AgentService(deps, self.sessions)
         self.resources = ResourceService(deps.store)
         self.images = ImageService(deps, self.sessions, self.containers, self.agents, ImageBuilder(self.resources))
-        self.turns = TurnService(deps, self.sessions, self.images, self.agents)
+        self.session_center = SessionCenter(deps, self.images)
+        self.turns = TurnService(deps, self.sessions, self.images, self.agents, self.session_center)

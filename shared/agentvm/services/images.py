@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentvm.domain.models import Agent, Image, Principal, Session, StoredMessage
-from agentvm.engine.context import conversation_order
+from agentvm.domain.models import Agent, Image, Principal, Session
 from agentvm.errors import NotFound
 from agentvm.ids import image_id, now_ms, session_id
 from agentvm.protocol.commands import ImageConfig, ImageListItem
@@ -13,7 +12,7 @@ from agentvm.services.agents import AgentService
 from agentvm.services.containers import ContainerService
 from agentvm.services.deps import Deps
 from agentvm.services.image_builder import ImageBuilder
-from agentvm.services.session_host import SessionHost
+from agentvm.services.session_host import SessionHost, session_views
 from agentvm.tools.mcp import parse_mcp_servers
 
 DEFAULT_IMAGE_NAME = "New Conversation"
@@ -107,9 +106,6 @@ class ImageService:
         agent = await self.deps.store.get_agent_for_image(p.tenant_id, image.image_id)
         if agent is not None:
             await self.agents.destroy(p, agent, image)
-        await self.sessions.forget(image)
+        for session in await session_views(self.deps.store, image):
+            await self.sessions.forget(session)
         await self.deps.store.delete_image(p.tenant_id, image.image_id)
-
-    async def messages(self, p: Principal, image_id_: str) -> list[StoredMessage]:
-        image = await self.require(p, image_id_)
-        return conversation_order(await self.deps.store.list_messages(p.tenant_id, image.session_id))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from agentvm.domain.models import Image, Principal, Turn
+from agentvm.ports import Store
 
 
 class SessionHost(Protocol):
@@ -38,3 +39,10 @@ class SessionHost(Protocol):
         ...
 
     async def shutdown(self) -> None: ...
+
+
+async def session_views(store: Store, image: Image) -> list[Image]:
+    """The image as each of its sessions runs it, the primary session first."""
+    others = [s.session_id for s in await store.list_sessions(image.tenant_id, image.image_id)
+              if s.session_id != image.session_id]
+    return [image, *(image.for_session(sid) for sid in others)]

@@ -97,6 +97,7 @@ class SessionWorker:
             run.done |= state.queued
             run.announced |= state.announce
             return []
+        image = image.for_session(session_id)  # the image as this one of its sessions runs it
         agent = await store.get_agent_for_image(tenant_id, image.image_id)
         channel = SessionChannel(store=store, fanout=self.fanout, tenant_id=tenant_id, session_id=session_id,
                                  context=session_context(image, agent.agent_id if agent else None),

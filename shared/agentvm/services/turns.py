@@ -9,30 +9,39 @@ from agentvm.errors import InvalidRequest, NotFound
 from agentvm.services.agents import AgentService
 from agentvm.services.deps import Deps
 from agentvm.services.images import ImageService
+from agentvm.services.session_center import SessionCenter
 from agentvm.services.session_host import SessionHost
 
 
 class TurnService:
-    def __init__(self, deps: Deps, sessions: SessionHost, images: ImageService, agents: AgentService) -> None:
+    def __init__(self, deps: Deps, sessions: SessionHost, images: ImageService, agents: AgentService,
+                 center: SessionCenter) -> None:
         self.deps = deps
         self.sessions = sessions
         self.images = images
         self.agents = agents
+        self.center = center
 
-    async def _target(self, p: Principal, image_id: str | None, agent_id: str | None) -> tuple[Image, Agent | None]:
+    async def _target(self, p: Principal, image_id: str | None, agent_id: str | None,
+                      session_id: str | None) -> tuple[Image, Agent | None]:
+        """The image (as the session `session_id` runs it; None: its primary session) and its agent
+        when the caller named it."""
         if image_id:
-            return await self.images.require(p, image_id), None
-        if agent_id:
+            image, agent = await self.images.require(p, image_id), None
+        elif agent_id:
             agent = await self.agents.get(p, agent_id)
             if agent is None:
                 raise NotFound(f"Agent not found: {agent_id}", field="agentId")
-            return await self.images.require(p, agent.image_id), agent
-        raise InvalidRequest("Either imageId or agentId must be provided", field="imageId")
+            image = await self.images.require(p, agent.image_id)
+        else:
+            raise InvalidRequest("Either imageId or agentId must be provided", field="imageId")
+        return await self.center.view(p, image, session_id), agent
 
     async def send(self, p: Principal, connection_id: str | None, image_id: str | None, agent_id: str | None,
-                   content: str | list[dict[str, Any]]) -> tuple[Image, Agent, Turn]:
-        """Store the user message durably, announce it, and queue its turn."""
-        image, agent = await self._target(p, image_id, agent_id)
+                   content: str | list[dict[str, Any]], session_id: str | None = None) -> tuple[Image, Agent, Turn]:
+        """Store the user message durably, announce it, and queue its turn. Returns the image as the
+        session runs it (its `session_id` is the turn's session)."""
+        image, agent = await self._target(p, image_id, agent_id, session_id)
         if connection_id is not None:
             self.deps.fanout.attach(connection_id, image.session_id, image.container_id)
         if agent is None:
@@ -41,8 +50,8 @@ class TurnService:
         return image, agent, turn
 
     async def interrupt(self, p: Principal, connection_id: str | None, image_id: str | None,
-                        agent_id: str | None) -> tuple[Image, Agent | None]:
-        image, agent = await self._target(p, image_id, agent_id)
+                        agent_id: str | None, session_id: str | None = None) -> tuple[Image, Agent | None]:
+        image, agent = await self._target(p, image_id, agent_id, session_id)
         if agent is None:
             agent = await self.deps.store.get_agent_for_image(p.tenant_id, image.image_id)
         if connection_id is not None:

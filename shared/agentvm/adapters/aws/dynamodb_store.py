@@ -13,6 +13,7 @@ zero-padded to 20 digits, so string order is numeric order.
 |           |                  |                   | 2: CONT#{t}#{cid} / AGENT#{created}#{aid}          |            |
 |           |                  |                   | 3: AGENT#{t}#{aid}                                 |            |
 | Session   | SESS#{t}#{sid}   | SESS              | 4: EVLOG#{shard} / {t}#{sid}                       | –          |
+| (entry)   | IMG#{t}#{iid}    | SESS#{created}#{sid} | – (the image's sessions, for `list_sessions`)   | –          |
 | Message   | SESS#{t}#{sid}   | MSG#{mid}         | –                                                  | –          |
 | Events    | SESS#{t}#{sid}   | EVB#{last}        | –                                                  | expires_at |
 | (parts)   | SESS#{t}#{sid}   | EVB#{last}#{part} | – (only for one event above 300 KB compressed)     | expires_at |
@@ -95,8 +96,10 @@ Why this shape:
 
 Request counts per operation (R = read, W = write request; on-demand bills units, not requests):
 create_container 1 W · get_container 1 R · list_containers 1 R/page · create_image 1 W
-(TransactWriteItems, 2 items) · get_image 1 R · list_images 1 R/page · update_image 1 W ·
-delete_image 1 R + 1 R/page + ceil(n/25) W + 1 W · get_session 1 R · put_agent 1 W ·
+(TransactWriteItems, 3 items) · get_image 1 R · list_images 1 R/page · update_image 1 W ·
+delete_image 2 R + 1 R/page per session + ceil(n/25) W + 1 W · get_session 1 R · create_session 1 W
+(TransactWriteItems: a check of the image and 2 items) · list_sessions 1 R/page · delete_session 1 R
++ 1 W + 1 R/page + ceil(n/25) W · put_agent 1 W ·
 get_agent 2 R · get_agent_for_image 1 R · list_agents 1 R/page · delete_agent 1 R + 1 W ·
 commit ceil(items/25) W, where a checkpoint's events are 1 item (more only above 300 KB
 compressed): a text turn's final checkpoint is 1 W of 3 items · list_messages 1 R/page · get_turn
@@ -149,6 +152,7 @@ from agentvm.errors import Conflict, InvalidRequest, NotFound
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
+    from types_aiobotocore_dynamodb.type_defs import TransactWriteItemTypeDef
 
 Item = dict[str, Any]
 
@@ -305,20 +309,12 @@ class DynamoDBStore:
         }
         _put_opt(image_item, "description", image.description)
         _put_opt(image_item, "system_prompt", image.system_prompt)
-        session_item: Item = {
-            "PK": _s(_session_pk(session.tenant_id, session.session_id)), "SK": _s("SESS"),
-            **_evlog_keys(session.tenant_id, session.session_id),
-            "tenant_id": _s(session.tenant_id), "session_id": _s(session.session_id),
-            "image_id": _s(session.image_id), "container_id": _s(session.container_id),
-            "created_at": _n(session.created_at), "updated_at": _n(session.updated_at), "seq_reserved": _n(0),
-        }
-        # A transaction: the pair appears together, and an existing session (with its seq
-        # reservation) is never overwritten. Images are created rarely; the 2x write cost is noise.
+        # A transaction: the image, its session and the session's entry in the image's partition
+        # appear together, and an existing session (with its seq reservation) is never overwritten.
+        # Images are created rarely; the 3x write cost is noise.
         try:
             await self.client.transact_write_items(TransactItems=[
-                {"Put": {"TableName": self.table_name, "Item": item,
-                         "ConditionExpression": "attribute_not_exists(PK)"}}
-                for item in (image_item, session_item)])
+                _put_new(self.table_name, item) for item in (image_item, *_session_items(session))])
         except ClientError as exc:
             if _error_code(exc) == "TransactionCanceledException":
                 raise Conflict(f"Image or session already exists: {iid}") from exc
@@ -368,23 +364,64 @@ class DynamoDBStore:
         item = await self._get(image_pk, "IMG")
         if item is None:
             return False
-        session_pk = _session_pk(tenant_id, item["session_id"]["S"])
-        # Everything of the session (the session item, messages, events, turns) shares its partition
-        # key: one Query finds it all. The image item goes last, so an interrupted delete is redone.
-        children = await self._query(KeyConditionExpression="PK = :pk", ProjectionExpression="PK, SK",
-                                     ExpressionAttributeValues={":pk": _s(session_pk)}, ConsistentRead=True)
-        keys = [{"PK": c["PK"], "SK": c["SK"]} for c in children] + [_key(image_pk, "AGENT")]
+        # The image's partition lists its sessions (entries `SESS#…`) besides the agent. Everything
+        # of one session (the session item, messages, events, turns) shares the session's partition
+        # key: one Query each finds it all. The image item goes last, so an interrupted delete is redone.
+        entries = await self._query(KeyConditionExpression="PK = :pk AND begins_with(SK, :s)",
+                                    ProjectionExpression="PK, SK, session_id", ConsistentRead=True,
+                                    ExpressionAttributeValues={":pk": _s(image_pk), ":s": _s("SESS#")})
+        sids = dict.fromkeys([item["session_id"]["S"], *(e["session_id"]["S"] for e in entries)])
+        keys = [{"PK": e["PK"], "SK": e["SK"]} for e in entries] + [_key(image_pk, "AGENT")]
+        for sid in sids:
+            keys += await self._session_keys(tenant_id, sid)
         await self._batch_write([{"DeleteRequest": {"Key": k}} for k in keys])
         resp = await self.client.delete_item(TableName=self.table_name, Key=_key(image_pk, "IMG"),
                                              ReturnValues="ALL_OLD")
         return "Attributes" in resp
 
+    async def _session_keys(self, tenant_id: str, session_id: str) -> list[Item]:
+        children = await self._query(KeyConditionExpression="PK = :pk", ProjectionExpression="PK, SK",
+                                     ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id))},
+                                     ConsistentRead=True)
+        return [{"PK": c["PK"], "SK": c["SK"]} for c in children]
+
     async def get_session(self, tenant_id: str, session_id: str) -> Session | None:
         item = await self._get(_session_pk(tenant_id, session_id), "SESS")
+        return _session(item) if item is not None else None
+
+    async def create_session(self, session: Session) -> bool:
+        t = session.tenant_id
+        try:
+            await self.client.transact_write_items(TransactItems=[
+                {"ConditionCheck": {"TableName": self.table_name, "Key": _key(_image_pk(t, session.image_id), "IMG"),
+                                    "ConditionExpression": "container_id = :cid",
+                                    "ExpressionAttributeValues": {":cid": _s(session.container_id)}}},
+                *(_put_new(self.table_name, item) for item in _session_items(session))])
+        except ClientError as exc:
+            if _error_code(exc) != "TransactionCanceledException":
+                raise
+            reasons = [r.get("Code") for r in exc.response.get("CancellationReasons", [])]
+            if reasons and reasons[0] == "ConditionalCheckFailed":
+                return False  # no such image (of this tenant and container)
+            raise Conflict(f"Session already exists: {session.session_id}") from exc
+        return True
+
+    async def list_sessions(self, tenant_id: str, image_id: str) -> list[Session]:
+        entries = await self._query(KeyConditionExpression="PK = :pk AND begins_with(SK, :s)", ConsistentRead=True,
+                                    ExpressionAttributeValues={":pk": _s(_image_pk(tenant_id, image_id)),
+                                                               ":s": _s("SESS#")})
+        return [_session(e) for e in entries]
+
+    async def delete_session(self, tenant_id: str, session_id: str) -> bool:
+        item = await self._get(_session_pk(tenant_id, session_id), "SESS")
         if item is None:
-            return None
-        return Session(item["tenant_id"]["S"], item["session_id"]["S"], item["image_id"]["S"],
-                       item["container_id"]["S"], _int(item, "created_at"), _int(item, "updated_at"))
+            return False
+        session = _session(item)
+        # the image's entry first: a session half deleted is no longer listed, and deleting it again finishes it
+        await self.client.delete_item(TableName=self.table_name, Key=_key(*_session_entry_key(session)))
+        keys = await self._session_keys(tenant_id, session_id)
+        await self._batch_write([{"DeleteRequest": {"Key": k}} for k in keys])
+        return True
 
     # ---- agents ------------------------------------------------------------------------------
 
@@ -971,6 +1008,34 @@ def _session_pk(tenant_id: str, session_id: str) -> str:
 
 def _shard(*parts: str) -> int:
     return zlib.crc32("#".join(parts).encode()) % SHARDS
+
+
+def _put_new(table_name: str, item: Item) -> TransactWriteItemTypeDef:
+    return {"Put": {"TableName": table_name, "Item": item, "ConditionExpression": "attribute_not_exists(PK)"}}
+
+
+def _session_entry_key(session: Session) -> tuple[str, str]:
+    """The session's entry in its image's partition (how `list_sessions` finds an image's sessions)."""
+    return (_image_pk(session.tenant_id, session.image_id),
+            f"SESS#{_ts(session.created_at)}#{_k(session.session_id)}")
+
+
+def _session_items(session: Session) -> tuple[Item, Item]:
+    """The session item (with its seq reservation) and its entry in the image's partition."""
+    attrs: Item = {"tenant_id": _s(session.tenant_id), "session_id": _s(session.session_id),
+                   "image_id": _s(session.image_id), "container_id": _s(session.container_id),
+                   "created_at": _n(session.created_at), "updated_at": _n(session.updated_at)}
+    _put_opt(attrs, "title", session.title)
+    pk, sk = _session_entry_key(session)
+    return ({"PK": _s(_session_pk(session.tenant_id, session.session_id)), "SK": _s("SESS"),
+             **_evlog_keys(session.tenant_id, session.session_id), **attrs, "seq_reserved": _n(0)},
+            {"PK": _s(pk), "SK": _s(sk), **attrs})
+
+
+def _session(item: Item) -> Session:
+    return Session(item["tenant_id"]["S"], item["session_id"]["S"], item["image_id"]["S"],
+                   item["container_id"]["S"], _int(item, "created_at"), _int(item, "updated_at"),
+                   item["title"]["S"] if "title" in item else None)
 
 
 def _evlog_keys(tenant_id: str, session_id: str) -> Item:

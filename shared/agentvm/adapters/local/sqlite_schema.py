@@ -151,4 +151,9 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX config_audit_by_at ON config_audit (at);
     """,
+    # 4: several sessions per image: a title, and the sessions of an image in creation order.
+    """
+    ALTER TABLE sessions ADD COLUMN title TEXT;
+    CREATE INDEX sessions_by_image ON sessions (tenant_id, image_id, created_at);
+    """,
 ]

@@ -214,11 +214,7 @@ class SqliteStore:
                 (image.tenant_id, image.image_id, image.container_id, image.session_id, image.name,
                  image.description, image.system_prompt, orjson.dumps(image.config).decode(),
                  image.created_at, image.updated_at))
-            c.execute(
-                "INSERT INTO sessions (tenant_id, session_id, image_id, container_id, created_at, updated_at) "
-                "VALUES (?,?,?,?,?,?)",
-                (session.tenant_id, session.session_id, session.image_id, session.container_id,
-                 session.created_at, session.updated_at))
+            _insert_session(c, session)
         await self._run(job)
 
     async def get_image(self, tenant_id: str, image_id: str) -> Image | None:
@@ -256,9 +252,10 @@ class SqliteStore:
                             (tenant_id, image_id)).fetchone()
             if row is None:
                 return False
-            sid = row[0]
-            for table in ("messages", "events", "turns", "sessions"):
-                c.execute(f"DELETE FROM {table} WHERE tenant_id=? AND session_id=?", (tenant_id, sid))
+            sids = {row[0]} | {r[0] for r in c.execute(
+                "SELECT session_id FROM sessions WHERE tenant_id=? AND image_id=?", (tenant_id, image_id))}
+            for sid in sids:
+                _delete_session_rows(c, tenant_id, sid)
             c.execute("DELETE FROM agents WHERE tenant_id=? AND image_id=?", (tenant_id, image_id))
             c.execute("DELETE FROM images WHERE tenant_id=? AND image_id=?", (tenant_id, image_id))
             return True
@@ -266,10 +263,36 @@ class SqliteStore:
 
     async def get_session(self, tenant_id: str, session_id: str) -> Session | None:
         def job(c: sqlite3.Connection) -> Session | None:
-            row = c.execute("SELECT tenant_id, session_id, image_id, container_id, created_at, updated_at "
-                            "FROM sessions WHERE tenant_id=? AND session_id=?",
+            row = c.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant_id=? AND session_id=?",
                             (tenant_id, session_id)).fetchone()
             return Session(*row) if row else None
+        return await self._run(job)
+
+    async def create_session(self, session: Session) -> bool:
+        def job(c: sqlite3.Connection) -> bool:
+            if c.execute("SELECT 1 FROM images WHERE tenant_id=? AND image_id=? AND container_id=?",
+                         (session.tenant_id, session.image_id, session.container_id)).fetchone() is None:
+                return False
+            try:
+                _insert_session(c, session)
+            except sqlite3.IntegrityError as exc:
+                raise Conflict(f"Session already exists: {session.session_id}") from exc
+            return True
+        return await self._run(job)
+
+    async def list_sessions(self, tenant_id: str, image_id: str) -> list[Session]:
+        def job(c: sqlite3.Connection) -> list[Session]:
+            rows = c.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant_id=? AND image_id=? "
+                             "ORDER BY created_at, session_id", (tenant_id, image_id)).fetchall()
+            return [Session(*r) for r in rows]
+        return await self._run(job)
+
+    async def delete_session(self, tenant_id: str, session_id: str) -> bool:
+        def job(c: sqlite3.Connection) -> bool:
+            found = c.execute("SELECT 1 FROM sessions WHERE tenant_id=? AND session_id=?",
+                              (tenant_id, session_id)).fetchone() is not None
+            _delete_session_rows(c, tenant_id, session_id)
+            return found
         return await self._run(job)
 
     # ---- agents ------------------------------------------------------------------------------
@@ -598,6 +621,21 @@ def _resolve_all(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
             fut.set_result(value)
         else:
             fut.set_exception(value)
+
+
+_SESSION_COLS = "tenant_id, session_id, image_id, container_id, created_at, updated_at, title"
+
+
+def _insert_session(c: sqlite3.Connection, session: Session) -> None:
+    c.execute("INSERT INTO sessions (tenant_id, session_id, image_id, container_id, created_at, updated_at, "
+              "title) VALUES (?,?,?,?,?,?,?)",
+              (session.tenant_id, session.session_id, session.image_id, session.container_id,
+               session.created_at, session.updated_at, session.title))
+
+
+def _delete_session_rows(c: sqlite3.Connection, tenant_id: str, session_id: str) -> None:
+    for table in ("messages", "events", "turns", "sessions"):
+        c.execute(f"DELETE FROM {table} WHERE tenant_id=? AND session_id=?", (tenant_id, session_id))
 
 
 def _split_sql(script: str) -> list[str]:
