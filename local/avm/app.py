@@ -104,11 +104,13 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
                                                 uids=ToolUids(settings.data_dir / "tool-uids.json"),
                                                 limits=Limits(timeout_s=settings.tool_timeout_s),
                                                 preview_bytes=settings.tool_preview_bytes, mcp=mcp, stdio=stdio,
-                                                store=store))
+                                                store=store, http_allow_private=settings.http_tools_allow_private))
     config = from_settings(settings, SqliteConfigStore(store), ProcessEnv(),
                            file=settings.config_file or settings.data_dir / "config.yaml")
     deps = Deps(store=store, fanout=hub, driver=drv, options=options,
-                tools=ToolCatalog(pool=mcp, stdio=stdio, store=store), container_tier=sandbox, sandbox_tools=sandbox,
+                tools=ToolCatalog(pool=mcp, stdio=stdio, store=store,
+                                  http_allow_private=settings.http_tools_allow_private),
+                container_tier=sandbox, sandbox_tools=sandbox,
                 turn_options=config)
     sessions = SessionRegistry(deps)
     services = Services(deps, sessions)

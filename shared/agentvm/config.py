@@ -56,6 +56,9 @@ class Settings(BaseSettings):
         "scrubbed environment, path confinement and, as root, a uid per container)."))
     config_file: Path | None = Field(None, description=(
         "The config center's file layer (default <data-dir>/config.yaml; docs/configuration.md)."))
+    http_tools_allow_private: bool = Field(False, description=(
+        "Let HTTP tools (tool resources of type http) call loopback, private and link-local addresses. "
+        "Off: they reach public addresses only (no metadata endpoint, nothing next to the server)."))
     mcp_idle_s: float = Field(300.0, gt=0, description="A container's MCP servers stop after this long unused.")
     log_level: str = Field("INFO", description="Log level of the structured stderr log.")
     reliable_wrapper: bool = Field(True, description=(

@@ -39,9 +39,10 @@ async def test_register_a_prompt_then_discover_and_read_it(http: httpx.AsyncClie
     assert created["uri"] == "resource://prompts/sales-assistant@1.0.0"
     assert created["contentHash"].startswith("sha256:") and len(created["contentHash"]) == 71
     assert created["own"] is True and created["published"] is False
-    await register(http, kind="tool", name="web-search", version="0.3.1", content={"type": "http",
-                   "url": "https://search.example/api", "schema": {"type": "object"}})
-    await register(http, kind="tool", name="calculator", version="1.0.0", content={"type": "builtin"})
+    await register(http, kind="tool", name="web-search", version="0.3.1", content={
+        "type": "http", "url": "https://search.example/api", "description": "Search the web",
+        "inputSchema": {"type": "object"}})
+    await register(http, kind="tool", name="calculator", version="1.0.0", content={"type": "builtin", "name": "bash"})
 
     tools = (await http.get("/v1/resources", params={"kind": "tool"})).json()
     assert [i["name"] for i in tools["items"]] == ["calculator", "web-search"]
@@ -167,7 +168,8 @@ async def test_another_tenants_private_resource_is_not_found(srv: InProcess) -> 
     service = srv.runtime.services.resources
     alice, bob = Principal("alice"), Principal("bob")
     secret = await service.register(alice, kind="prompt", name="secret", version="1.0.0", content={"text": "a"})
-    shared = await service.register(alice, kind="tool", name="shared", version="1.0.0", content={}, published=True)
+    shared = await service.register(alice, kind="tool", name="shared", version="1.0.0",
+                                    content={"type": "builtin", "name": "read_file"}, published=True)
     with pytest.raises(NotFound, match="Resource not found"):
         await service.get(bob, secret.resource_id)
     with pytest.raises(NotFound, match="resource://prompts/secret: no resource"):
@@ -180,7 +182,7 @@ async def test_another_tenants_private_resource_is_not_found(srv: InProcess) -> 
     items, _ = await service.discover(bob)
     assert [i.name for i in items] == ["shared"]
     with pytest.raises(NotFound):  # readable, but not bob's to change
-        await service.add_version(bob, shared.resource_id, version="2.0.0", content={})
+        await service.add_version(bob, shared.resource_id, version="2.0.0", content={"type": "builtin", "name": "bash"})
     with pytest.raises(InvalidRequest, match="uri: "):
         await service.resolve(bob, "prompts/secret")
 

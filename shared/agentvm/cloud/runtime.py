@@ -222,7 +222,9 @@ class CloudRuntime:
             # need none (knowledge_search) run here either way
             tier = self.container_tier
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver),
-                        tools=ToolCatalog(store=store, sandbox=tier is not None), container_tier=tier)
+                        tools=ToolCatalog(store=store, sandbox=tier is not None,
+                                          http_allow_private=self.settings.http_tools_allow_private),
+                        container_tier=tier)
         else:
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver))
         if driver is not None:
@@ -246,7 +248,7 @@ class CloudRuntime:
                 self._disk(workspaces), ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation),
                 uids=ToolUids(workspaces / "tool-uids.json"), limits=Limits(timeout_s=s.tool_timeout_s),
                 preview_bytes=s.tool_preview_bytes, mcp=McpPool(idle_s=s.mcp_idle_s, call_timeout_s=s.tool_timeout_s),
-                store=self.store)
+                store=self.store, http_allow_private=s.http_tools_allow_private)
         return self._sandbox
 
     def _disk(self, workspaces: Path) -> Any:

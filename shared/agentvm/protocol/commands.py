@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, StringConstraints, field_validator
 
@@ -15,6 +15,7 @@ IdStr = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 NameStr = Annotated[str, StringConstraints(max_length=200)]
 PromptStr = Annotated[str, StringConstraints(max_length=200_000)]
 BuiltinToolName = Literal["bash", "read_file", "write_file", "edit_file", "list_files"]
+ToolEntry = Annotated[str, StringConstraints(min_length=1, max_length=300)]
 
 
 # ---- request data ----------------------------------------------------------------------------
@@ -52,14 +53,21 @@ class ImageConfig(InboundModel):
     model: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=200_000)] | None = None
     # built-in tools the agent may call (AgentVM extension); none by default
-    tools: Annotated[list[BuiltinToolName], Field(max_length=16)] | None = None
+    # (or resource://tools/... references, resolved and pinned when the image is built)
+    tools: Annotated[list[ToolEntry], Field(max_length=16)] | None = None
     # an agent definition to build from (AgentVM extension): resource://agents/<name>[@spec]
     agent: Annotated[str, StringConstraints(min_length=1, max_length=300)] | None = None
 
     @field_validator("tools")
     @classmethod
-    def _unique(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None and len(set(v)) != len(v):
+    def _known(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        for name in v:
+            if name not in get_args(BuiltinToolName) and not name.startswith("resource://tools/"):
+                raise ValueError(f"unknown tool '{name}' (built-in: {', '.join(get_args(BuiltinToolName))}; "
+                                 "or resource://tools/<name>[@spec])")
+        if len(set(v)) != len(v):
             raise ValueError("each tool may be listed once")
         return v
 

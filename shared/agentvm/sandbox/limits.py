@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from agentvm.domain.sandbox_spec import SANDBOX_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +54,14 @@ class ProcessResult:
     # RLIMIT_AS an allocation fails and the program reports that itself (exit code, stderr).
     killed: str | None
     duration_ms: int
+
+
+def limits_for(ceiling: Limits, sandbox: Mapping[str, Any] | None) -> Limits:
+    """The deployment's limits lowered by an image's sandbox (a sandbox never raises them)."""
+    wanted = (sandbox or {}).get("limits") or {}
+    changes: dict[str, Any] = {}
+    for key, value in wanted.items():
+        field, unit, _low, _high = SANDBOX_LIMITS[key]
+        current = getattr(ceiling, field)
+        changes[field] = type(current)(min(current, value * unit))
+    return dataclasses.replace(ceiling, **changes) if changes else ceiling

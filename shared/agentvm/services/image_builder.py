@@ -8,9 +8,14 @@ resolved trees (`pins`). The image then never changes: a session resumed later r
 and publishing a new version affects only images built after it.
 
 An agent definition's content may hold `systemPrompt` (text or a prompt reference), `tools`
-(built-in tool names), `mcpServers`, `model`, `maxTokens`, `description` and `knowledge` (knowledge
-references: the image gets `knowledge_search` over their pinned versions); values given in the
-image config itself win over the definition's.
+(built-in tool names and `resource://tools/...` references), `mcpServers`, `model`, `maxTokens`,
+`description`, `knowledge` (knowledge references: the image gets `knowledge_search` over their
+pinned versions) and `sandbox` (a `resource://sandboxes/...` reference: the limits its tools run
+with); values given in the image config itself win over the definition's.
+
+A tool reference becomes part of the snapshot by its type (agentvm/tools/resource_tools.py): a
+built-in tool joins `tools`, an MCP server joins `mcpServers` under the resource's name, an HTTP
+tool joins `httpTools` with its URL and schema as of the pinned version.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from agentvm.errors import InvalidRequest, NotFound
 from agentvm.services.resources import Resolved, ResourceService
 
 JSON = dict[str, Any]
-DEFINITION_KEYS = ("systemPrompt", "tools", "mcpServers", "model", "maxTokens", "description", "knowledge")
+DEFINITION_KEYS = ("systemPrompt", "tools", "mcpServers", "model", "maxTokens", "description", "knowledge",
+                   "sandbox")
 
 
 @dataclass(slots=True)
@@ -36,6 +42,16 @@ class Built:
     pins: dict[str, str] = field(default_factory=dict)
     sources: JSON = field(default_factory=dict)  # what was referenced: {"agent": uri@v, "systemPrompt": uri@v}
     knowledge: list[str] = field(default_factory=list)  # pinned knowledge resources (knowledge_search)
+    sandbox: JSON | None = None  # the pinned sandbox's content ({"limits": ...})
+
+
+@dataclass(slots=True)
+class BuiltTools:
+    """What a tools list (names and references) expands to."""
+
+    builtin: list[str] = field(default_factory=list)
+    mcp_servers: JSON = field(default_factory=dict)
+    http: list[JSON] = field(default_factory=list)
 
 
 class ImageBuilder:
@@ -83,7 +99,42 @@ class ImageBuilder:
             node = await self._resolve(p, ref, "knowledge", "knowledge")
             built.pins.update(node.pins())
             built.knowledge.append(node.pinned)
+        sandbox = built.values.pop("sandbox", None)
+        if sandbox is not None:
+            if not isinstance(sandbox, str) or not is_resource_uri(sandbox):
+                raise InvalidRequest("sandbox: a resource://sandboxes/... reference", field="sandbox")
+            node = await self._resolve(p, sandbox, "sandbox", "sandbox")
+            built.pins.update(node.pins())
+            built.sources["sandbox"] = node.pinned
+            built.sandbox = dict(node.resource.content)
         return built
+
+    async def tools(self, p: Principal, entries: list[str], built: Built) -> BuiltTools:
+        """Expand a tools list: built-in names stay, `resource://tools/...` references are resolved,
+        pinned (into `built.pins`) and sorted by their type."""
+        out = BuiltTools()
+        for entry in entries:
+            if not is_resource_uri(entry):
+                out.builtin.append(entry)
+                continue
+            node = await self._resolve(p, entry, "tool", "tools")
+            built.pins.update(node.pins())
+            content, name = node.resource.content, node.resource.name
+            kind = content.get("type")
+            if kind == "builtin":
+                out.builtin.append(str(content["name"]))
+            elif kind == "mcp":
+                out.mcp_servers[name] = content["server"]
+            else:
+                from agentvm.tools.resource_tools import http_tool_spec
+
+                out.http.append(http_tool_spec(name, node.pinned, content))
+        if len(set(out.builtin)) != len(out.builtin):
+            raise InvalidRequest("tools: each tool may be listed once", field="tools")
+        names = [h["name"] for h in out.http]
+        if len(set(names)) != len(names):
+            raise InvalidRequest(f"tools: two HTTP tools are named {_dup(names)}", field="tools")
+        return out
 
     async def _resolve(self, p: Principal, uri: str, kind: str, field_name: str) -> Resolved:
         try:
@@ -97,3 +148,7 @@ class ImageBuilder:
 
 def _a(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _dup(names: list[str]) -> str:
+    return next(n for n in names if names.count(n) > 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentvm.domain.models import Agent, Image, Principal, Session
-from agentvm.errors import NotFound
+from agentvm.errors import InvalidRequest, NotFound
 from agentvm.ids import image_id, now_ms, session_id
 from agentvm.protocol.commands import ImageConfig, ImageListItem
 from agentvm.services.agents import AgentService
@@ -52,18 +52,33 @@ class ImageService:
         max_tokens = config.max_tokens or values.get("maxTokens")
         if max_tokens:
             snapshot["maxTokens"] = max_tokens
-        tools = list(config.tools) if config.tools else values.get("tools")
-        if tools:
-            snapshot["tools"] = list(tools)
+        entries = list(config.tools) if config.tools else values.get("tools") or []
+        if not isinstance(entries, list) or not all(isinstance(t, str) for t in entries):
+            raise InvalidRequest("tools: a list of built-in tool names and resource://tools/... references",
+                                 field="tools")
+        tools = await self.builder.tools(p, entries, built)
+        if tools.builtin:
+            snapshot["tools"] = tools.builtin
             from agentvm.tools.builtin import check_builtin_names  # not on ws_default's cold path
 
             check_builtin_names(snapshot["tools"])
+        servers: dict[str, Any] = {}
         if config.mcp_servers:
-            snapshot["mcpServers"] = {k: v.model_dump(exclude_none=True) for k, v in config.mcp_servers.items()}
+            servers = {k: v.model_dump(exclude_none=True) for k, v in config.mcp_servers.items()}
         elif values.get("mcpServers"):
-            snapshot["mcpServers"] = values["mcpServers"]
-        if "mcpServers" in snapshot:
-            parse_mcp_servers(snapshot["mcpServers"])  # a bad config is refused now, not at the first turn
+            servers = dict(values["mcpServers"])
+        for name, server in tools.mcp_servers.items():
+            if name in servers:
+                raise InvalidRequest(f"tools: resource://tools/{name} is an MCP server named like one in "
+                                     "mcpServers", field="tools")
+            servers[name] = server
+        if servers:
+            snapshot["mcpServers"] = servers
+            parse_mcp_servers(servers)  # a bad config is refused now, not at the first turn
+        if tools.http:
+            snapshot["httpTools"] = tools.http
+        if built.sandbox is not None:
+            snapshot["sandbox"] = built.sandbox
         if built.knowledge:
             snapshot["knowledge"] = built.knowledge
         if built.pins:

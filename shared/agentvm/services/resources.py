@@ -11,6 +11,7 @@ that do not resolve, naming the path that led there.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,16 +25,21 @@ from agentvm.domain.resource_uri import (
     parse_resource_uri,
     resource_uri,
 )
+from agentvm.domain.sandbox_spec import check_sandbox_content
 from agentvm.domain.semver import Version, version_key
 from agentvm.errors import Conflict, InvalidRequest, NotFound
 from agentvm.ids import now_ms, resource_id
 from agentvm.ports import Store
 from agentvm.tools.knowledge import check_content
+from agentvm.tools.resource_tools import check_tool_content
 
 JSON = dict[str, Any]
 
 MAX_CONTENT_BYTES = 256 << 10  # as JSON: a version is one DynamoDB item (400 KB); big documents go to blobs
 MAX_DEPENDENCIES = 64
+# the content of these kinds is checked when a version is written (the others are free-form)
+CONTENT_CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
+    "knowledge": check_content, "tool": check_tool_content, "sandbox": check_sandbox_content}
 MAX_TAGS = 32
 MAX_DEPTH = 32
 
@@ -122,9 +128,10 @@ class ResourceService:
             raise InvalidRequest(f"version: {exc}", field="version") from exc
         if not isinstance(content, dict):
             raise InvalidRequest("content: must be a JSON object", field="content")
-        if kind == "knowledge":
+        check = CONTENT_CHECKS.get(kind)
+        if check is not None:
             try:
-                check_content(content)
+                check(content)
             except ValueError as exc:
                 raise InvalidRequest(f"content.{exc}", field="content") from None
         size = len(orjson.dumps(content))

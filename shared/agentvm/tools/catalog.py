@@ -2,7 +2,7 @@
 
 * Built-in tools: their static schemas, marked as needing a sandbox, so a call of one escalates the
   turn (agentvm/services/turn_scheduler.py).
-* Remote MCP servers (streamable HTTP, SSE): connected and run here, in place.
+* Remote MCP servers (streamable HTTP, SSE), HTTP tools and `knowledge_search`: run here, in place.
 * Stdio MCP servers run in the container; their tool list is known once the container tier has
   listed them (`StdioSchemas`, filled by `WorkspaceTools`). Until then, and where this runtime keeps
   no list (the cloud's function tier), a turn of such an image starts in the container tier
@@ -20,6 +20,7 @@ from agentvm.ports import Store
 from agentvm.tools.builtin import BuiltinTools, check_builtin_names
 from agentvm.tools.knowledge import knowledge_tools
 from agentvm.tools.mcp import McpPool, McpServerConfig, config_fingerprint, parse_mcp_servers, unconfined
+from agentvm.tools.resource_tools import http_tools
 
 JSON = dict[str, Any]
 
@@ -51,19 +52,21 @@ class ToolCatalog:
     MCP servers starts its turns in the container tier."""
 
     def __init__(self, *, pool: McpPool | None = None, stdio: StdioSchemas | None = None,
-                 store: Store | None = None, sandbox: bool = True) -> None:
+                 store: Store | None = None, sandbox: bool = True, http_allow_private: bool = False) -> None:
         self.pool = pool
         self.stdio = stdio
         self.store = store  # where knowledge resources are read (knowledge_search runs in place)
         self.sandbox = sandbox  # False: no container tier here, so neither built-in nor MCP tools
+        self.http_allow_private = http_allow_private  # HTTP tools may call private addresses
 
     async def for_image(self, image: Image) -> ToolRunner:
         builtins = enabled_builtins(image) if self.sandbox else ()
         servers = mcp_servers(image) if self.sandbox else {}
         parts: list[ToolRunner] = []
-        knowledge = knowledge_tools(self.store, image.tenant_id, image.config)
-        if knowledge is not None:
-            parts.append(knowledge)
+        for extra in (knowledge_tools(self.store, image.tenant_id, image.config),
+                      http_tools(image.config, allow_private=self.http_allow_private)):
+            if extra is not None:
+                parts.append(extra)
         if builtins:
             parts.append(SandboxCatalog(BuiltinTools.definitions(builtins)))
         if servers:

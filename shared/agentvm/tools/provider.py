@@ -18,7 +18,7 @@ from agentvm.domain.models import Image
 from agentvm.drivers.base import ToolOutcome
 from agentvm.engine.tools import CompositeTools, NoTools, ToolRunner
 from agentvm.ports import Disk, ProcessRunner, Store
-from agentvm.sandbox.limits import Limits
+from agentvm.sandbox.limits import Limits, limits_for
 from agentvm.sandbox.runtime import Runtime, tool_env
 from agentvm.sandbox.uids import ToolUids, hand_over
 from agentvm.sandbox.workspace import Workspace
@@ -26,6 +26,7 @@ from agentvm.tools.builtin import DEFAULT_PREVIEW_BYTES, JSON, BuiltinTools
 from agentvm.tools.catalog import StdioSchemas, enabled_builtins, mcp_servers
 from agentvm.tools.knowledge import knowledge_tools
 from agentvm.tools.mcp import McpPool
+from agentvm.tools.resource_tools import http_tools
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class WorkspaceTools:
     def __init__(self, disk: Disk, process_for: Callable[[Path], ProcessRunner], *, uids: ToolUids,
                  limits: Limits | None = None, preview_bytes: int = DEFAULT_PREVIEW_BYTES,
                  mcp: McpPool | None = None, stdio: StdioSchemas | None = None,
-                 mcp_limits: Limits = MCP_SERVER_LIMITS, store: Store | None = None) -> None:
+                 mcp_limits: Limits = MCP_SERVER_LIMITS, store: Store | None = None,
+                 http_allow_private: bool = False) -> None:
         self.disk = disk
         self.process_for = process_for
         self.limits = limits or Limits()
@@ -65,13 +67,19 @@ class WorkspaceTools:
         self.stdio = stdio  # where the tool lists of stdio servers are kept for the function tier
         self.mcp_limits = mcp_limits
         self.store = store  # knowledge resources (knowledge_search goes on after an escalation too)
+        self.http_allow_private = http_allow_private
 
     async def for_image(self, image: Image) -> ToolRunner:
         enabled = enabled_builtins(image)
         servers = mcp_servers(image)
-        knowledge = knowledge_tools(self.store, image.tenant_id, image.config)
+        # tools that need no workspace go on after an escalation too
+        in_place: list[ToolRunner] = [t for t in (
+            knowledge_tools(self.store, image.tenant_id, image.config),
+            http_tools(image.config, allow_private=self.http_allow_private)) if t is not None]
         if not enabled and not servers:
-            return knowledge if knowledge is not None else NoTools()
+            if not in_place:
+                return NoTools()
+            return in_place[0] if len(in_place) == 1 else CompositeTools(in_place)
         try:
             root = await self.disk.mount(image.tenant_id, image.container_id)
             owner = await self._owner(image, root)
@@ -82,10 +90,11 @@ class WorkspaceTools:
                                     "the container's workspace is unavailable on the server")
         env = tool_env(str(workspace.root))
         process = self.process_for(workspace.root)
-        parts: list[ToolRunner] = [knowledge] if knowledge is not None else []
+        parts = in_place
         if enabled:
             runtime = Runtime(workspace, process, env=env)
-            parts.append(BuiltinTools(runtime, enabled, limits=self.limits, preview_bytes=self.preview_bytes))
+            limits = limits_for(self.limits, image.config.get("sandbox"))
+            parts.append(BuiltinTools(runtime, enabled, limits=limits, preview_bytes=self.preview_bytes))
         if servers:
             launcher = functools.partial(process.sandboxed_argv, limits=self.mcp_limits)
             mcp = await self.mcp.tools((image.tenant_id, image.container_id), servers, cwd=workspace.root, env=env,
