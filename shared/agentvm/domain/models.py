@@ -146,6 +146,15 @@ class Turn:
     error_message: str | None = None
     started_at: int | None = None
     ended_at: int | None = None
+    # the turn log: what ran it (the image's definition, else its name) and the task (the start of
+    # the user message); per-turn overrides of the image's values (`temperature`, `maxTokens`)
+    agent: str | None = None
+    task: str | None = None
+    options: JSON = field(default_factory=dict)
+
+    @property
+    def duration_ms(self) -> int | None:
+        return self.ended_at - self.started_at if self.ended_at and self.started_at else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,7 +138,8 @@ class TurnRunner:
 
     async def _drive(self, turn: Turn, image: Image, *, pending: list[_Call] | None) -> Turn:
         model = str(image.config.get("model") or self.options.default_model)
-        max_tokens = int(image.config.get("maxTokens") or self.options.max_tokens)
+        max_tokens = int(turn.options.get("maxTokens") or image.config.get("maxTokens") or self.options.max_tokens)
+        temperature = turn.options.get("temperature")
         turn.model = turn.model or model
         self._turn_id = turn.turn_id
         msg = _Msg()
@@ -159,7 +160,8 @@ class TurnRunner:
                 self._llm_calls += 1
                 msg = _Msg()
                 request = LLMRequest(model=model, messages=context, max_tokens=max_tokens,
-                                     system=image.system_prompt, tools=self.tools.schemas())
+                                     system=image.system_prompt, tools=self.tools.schemas(),
+                                     temperature=float(temperature) if temperature is not None else None)
                 await self._child_task(self._stream(request, msg))
                 self._count(msg)
                 if msg.model:

@@ -65,9 +65,9 @@ class LeasedSessions:
         """Nothing to do: each publisher reads the session's agent when it takes the lease."""
 
     async def send(self, p: Principal, connection_id: str | None, image: Image, agent_id: str,
-                   content: str | list[dict[str, Any]]) -> Turn:
+                   content: str | list[dict[str, Any]], options: dict[str, Any] | None = None) -> Turn:
         store, sid = self.deps.store, image.session_id
-        new = new_user_turn(p, image, content)
+        new = new_user_turn(p, image, content, options)
         state = await self.leases.acquire(p.tenant_id, sid, self.owner, LEASE_TTL_MS, ANNOUNCE_SEQ_BLOCK)
         if state is None:  # a turn is running: it announces the message and runs the turn next
             await store.commit(Checkpoint(p.tenant_id, sid, messages=[new.message], turns=[new.turn]))

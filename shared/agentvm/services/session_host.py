@@ -18,8 +18,9 @@ class SessionHost(Protocol):
         ...
 
     async def send(self, p: Principal, connection_id: str | None, image: Image, agent_id: str,
-                   content: str | list[dict[str, Any]]) -> Turn:
-        """Store the user message, announce it (`message_persisted`, `user_message`), queue its turn."""
+                   content: str | list[dict[str, Any]], options: dict[str, Any] | None = None) -> Turn:
+        """Store the user message, announce it (`message_persisted`, `user_message`), queue its turn
+        (`options`: the turn's overrides, `temperature` and `maxTokens`)."""
         ...
 
     async def interrupt(self, image: Image, agent_id: str) -> None:

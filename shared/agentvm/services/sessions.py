@@ -70,11 +70,11 @@ class SessionRegistry:
             actor.set_agent(agent_id)
 
     async def send(self, p: Principal, connection_id: str | None, image: Image, agent_id: str,
-                   content: str | list[dict[str, Any]]) -> Turn:
+                   content: str | list[dict[str, Any]], options: dict[str, Any] | None = None) -> Turn:
         """Store the user message durably, announce it, and queue its turn on the session's actor."""
         actor = await self.actor_for(image, agent_id)
         async with actor.send_lock:
-            new = new_user_turn(p, image, content)
+            new = new_user_turn(p, image, content, options)
             await self.deps.store.commit(Checkpoint(p.tenant_id, image.session_id, messages=[new.message],
                                                     turns=[new.turn]))
             actor.history.extend([new.message])

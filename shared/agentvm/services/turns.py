@@ -38,7 +38,8 @@ class TurnService:
         return await self.center.view(p, image, session_id), agent
 
     async def send(self, p: Principal, connection_id: str | None, image_id: str | None, agent_id: str | None,
-                   content: str | list[dict[str, Any]], session_id: str | None = None) -> tuple[Image, Agent, Turn]:
+                   content: str | list[dict[str, Any]], session_id: str | None = None,
+                   options: dict[str, Any] | None = None) -> tuple[Image, Agent, Turn]:
         """Store the user message durably, announce it, and queue its turn. Returns the image as the
         session runs it (its `session_id` is the turn's session)."""
         image, agent = await self._target(p, image_id, agent_id, session_id)
@@ -46,7 +47,7 @@ class TurnService:
             self.deps.fanout.attach(connection_id, image.session_id, image.container_id)
         if agent is None:
             agent, _ = await self.agents.ensure(p, image)
-        turn = await self.sessions.send(p, connection_id, image, agent.agent_id, content)
+        turn = await self.sessions.send(p, connection_id, image, agent.agent_id, content, options)
         return image, agent, turn
 
     async def interrupt(self, p: Principal, connection_id: str | None, image_id: str | None,

@@ -135,6 +135,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, new_client
+from agentvm.domain.cursors import next_turn_cursor, turn_cursor
 from agentvm.domain.models import (
     Agent,
     Checkpoint,
@@ -547,6 +548,28 @@ class DynamoDBStore:
         turns = [_turn(i) for i in items]
         turns.sort(key=lambda t: (t.created_at, t.turn_id))
         return turns
+
+    async def list_tenant_turns(self, tenant_id: str, *, since_ms: int | None = None, until_ms: int | None = None,
+                                limit: int = 50, cursor: str | None = None) -> tuple[list[Turn], str | None]:
+        before = turn_cursor(cursor)
+        low = f"{_ts(since_ms or 0)}#"
+        high = f"{_ts(until_ms)}#" if until_ms is not None else "~"
+        if before is not None:
+            high = min(high, f"{_ts(before[0])}#{_k(before[1])}")
+        items: list[Item] = []
+        params: dict[str, Any] = {
+            "TableName": self.table_name, "IndexName": GSI_TENANT, "ScanIndexForward": False,
+            "KeyConditionExpression": "G1PK = :pk AND G1SK BETWEEN :low AND :high",
+            "ExpressionAttributeValues": {":pk": _s(f"TENANT#{_k(tenant_id)}#TURN"), ":low": _s(low),
+                                          ":high": _s(high)}}
+        while len(items) <= limit:
+            resp = await self.client.query(**params, Limit=limit + 1 - len(items))
+            items += [i for i in resp.get("Items", []) if i["G1SK"]["S"] != high]  # BETWEEN includes high
+            if "LastEvaluatedKey" not in resp:
+                break
+            params["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        turns = [_turn(i) for i in items]
+        return turns[:limit], (next_turn_cursor(turns[limit - 1]) if len(turns) > limit else None)
 
     async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
                           limit: int = 10_000) -> list[LoggedEvent]:
@@ -1217,11 +1240,17 @@ def _turn_item(t: Turn) -> Item:
         "list_cost": _s(t.list_cost), "billed_cost": _s(t.billed_cost),
     }
     for name, value in (("model", t.model), ("error_code", t.error_code), ("error_message", t.error_message),
-                        ("started_at", t.started_at), ("ended_at", t.ended_at)):
+                        ("started_at", t.started_at), ("ended_at", t.ended_at), ("agent", t.agent),
+                        ("task", t.task)):
         _put_opt(item, name, value)
+    if t.options:
+        item["options"] = _s(orjson.dumps(t.options).decode())
     if t.status in _UNFINISHED:  # sparse: only unfinished turns are in the status index
         item["SPK"] = _s(f"TURN#{t.status}#{_shard(t.tenant_id, t.turn_id)}")
         item["SSK"] = _s(f"{_ts(t.created_at)}#{_k(t.tenant_id)}#{_k(t.turn_id)}")
+    else:  # sparse too: the tenant's turn log holds finished turns (one index write per turn)
+        item["G1PK"] = _s(f"TENANT#{_k(t.tenant_id)}#TURN")
+        item["G1SK"] = _s(f"{_ts(t.created_at)}#{_k(t.turn_id)}")
     return item
 
 
@@ -1235,7 +1264,8 @@ def _turn(i: Mapping[str, Any]) -> Turn:
                     _int(i, "cache_write_tokens")),
         list_cost=i["list_cost"]["S"], billed_cost=i["billed_cost"]["S"], error_code=_opt_s(i, "error_code"),
         error_message=_opt_s(i, "error_message"), started_at=_opt_int(i, "started_at"),
-        ended_at=_opt_int(i, "ended_at"))
+        ended_at=_opt_int(i, "ended_at"), agent=_opt_s(i, "agent"), task=_opt_s(i, "task"),
+        options=orjson.loads(i["options"]["S"]) if "options" in i else {})
 
 
 # ---- resources -------------------------------------------------------------------------------

@@ -156,4 +156,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sessions ADD COLUMN title TEXT;
     CREATE INDEX sessions_by_image ON sessions (tenant_id, image_id, created_at);
     """,
+    # 5: the turn log: what ran each turn, its task and per-turn options; the tenant's turns by time.
+    """
+    ALTER TABLE turns ADD COLUMN agent TEXT;
+    ALTER TABLE turns ADD COLUMN task TEXT;
+    ALTER TABLE turns ADD COLUMN options TEXT;
+    CREATE INDEX turns_by_tenant ON turns (tenant_id, created_at, turn_id);
+    """,
 ]

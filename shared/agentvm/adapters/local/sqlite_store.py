@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import orjson
 
 from agentvm.adapters.local.sqlite_schema import MIGRATIONS
+from agentvm.domain.cursors import next_turn_cursor, turn_cursor
 from agentvm.domain.models import (
     Agent,
     Checkpoint,
@@ -361,11 +362,13 @@ class SqliteStore:
                     "INSERT OR REPLACE INTO turns (tenant_id, turn_id, session_id, image_id, container_id, "
                     "user_message_id, status, tier, model, input_tokens, output_tokens, cache_read_tokens, "
                     "cache_write_tokens, list_cost, billed_cost, error_code, error_message, created_at, "
-                    "started_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "started_at, ended_at, agent, task, options) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (t.tenant_id, t.turn_id, t.session_id, t.image_id, t.container_id, t.user_message_id,
                      str(t.status), t.tier, t.model, t.usage.input_tokens, t.usage.output_tokens,
                      t.usage.cache_read_tokens, t.usage.cache_write_tokens, t.list_cost, t.billed_cost,
-                     t.error_code, t.error_message, t.created_at, t.started_at, t.ended_at))
+                     t.error_code, t.error_message, t.created_at, t.started_at, t.ended_at, t.agent, t.task,
+                     orjson.dumps(t.options).decode() if t.options else None))
             if checkpoint.messages:
                 latest = max(int(m.body.get("timestamp", 0)) for m in checkpoint.messages)
                 c.execute("UPDATE sessions SET updated_at=MAX(updated_at, ?) WHERE tenant_id=? AND session_id=?",
@@ -392,6 +395,22 @@ class SqliteStore:
                              "ORDER BY created_at, turn_id", (tenant_id, session_id)).fetchall()
             return [_turn(r) for r in rows]
         return await self._run(job)
+
+    async def list_tenant_turns(self, tenant_id: str, *, since_ms: int | None = None, until_ms: int | None = None,
+                                limit: int = 50, cursor: str | None = None) -> tuple[list[Turn], str | None]:
+        before = turn_cursor(cursor)
+
+        def job(c: sqlite3.Connection) -> list[Turn]:
+            sql = (f"SELECT {_TURN_COLS} FROM turns WHERE tenant_id=? AND status NOT IN ('queued', 'running') "
+                   "AND created_at>=? AND created_at<?")
+            args: list[Any] = [tenant_id, since_ms or 0, until_ms if until_ms is not None else 1 << 62]
+            if before is not None:
+                sql += " AND (created_at<? OR (created_at=? AND turn_id<?))"
+                args += [before[0], before[0], before[1]]
+            sql += " ORDER BY created_at DESC, turn_id DESC LIMIT ?"
+            return [_turn(r) for r in c.execute(sql, [*args, limit + 1]).fetchall()]
+        turns = await self._run(job)
+        return turns[:limit], (next_turn_cursor(turns[limit - 1]) if len(turns) > limit else None)
 
     async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
                           limit: int = 10_000) -> list[LoggedEvent]:
@@ -537,7 +556,7 @@ _IMAGE_COLS = ("tenant_id, image_id, container_id, session_id, name, created_at,
 _AGENT_COLS = "tenant_id, agent_id, image_id, container_id, name, created_at"
 _TURN_COLS = ("tenant_id, turn_id, session_id, image_id, container_id, user_message_id, status, created_at, "
               "tier, model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, list_cost, "
-              "billed_cost, error_code, error_message, started_at, ended_at")
+              "billed_cost, error_code, error_message, started_at, ended_at, agent, task, options")
 
 _RESOURCE_COLS = ("r.tenant_id, r.resource_id, r.kind, r.name, v.version, v.version_key, v.content, v.content_hash, "
                   "v.dependencies, v.description, v.tags, r.published, v.created_at")
@@ -558,7 +577,8 @@ def _turn(r: tuple[Any, ...]) -> Turn:
         tenant_id=r[0], turn_id=r[1], session_id=r[2], image_id=r[3], container_id=r[4],
         user_message_id=r[5], status=TurnStatus(r[6]), created_at=r[7], tier=r[8], model=r[9],
         usage=Usage(r[10], r[11], r[12], r[13]), list_cost=r[14], billed_cost=r[15], error_code=r[16],
-        error_message=r[17], started_at=r[18], ended_at=r[19])
+        error_message=r[17], started_at=r[18], ended_at=r[19], agent=r[20], task=r[21],
+        options=orjson.loads(r[22]) if r[22] else {})
 
 
 def _insert_version(c: sqlite3.Connection, v: ResourceVersion) -> None:
