@@ -71,6 +71,7 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         app.include_router(resources_router(api.resources, api.principal_for))
         if api.services is not None:
             app.include_router(images_router(api.services, api.principal_for))
+            # fixed paths (/v1/sessions/search, /v1/sessions/import) before /v1/sessions/{id}
             app.include_router(sessions_router(api.services, api.principal_for))
         if api.config is not None:
             app.include_router(config_router(api.config, api.admin_for or api.principal_for))
