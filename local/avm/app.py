@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.websockets import WebSocket
 
 from agentvm import __version__
+from agentvm.adapters.local.hub_feed import HubFeeds
 from agentvm.adapters.local.local_container_tier import LocalContainerTier
 from agentvm.adapters.local.local_disk import LocalDisk
 from agentvm.adapters.local.local_env import EnvLLMProvider, ProcessEnv
@@ -35,6 +36,7 @@ from agentvm.ports import Driver
 from agentvm.sandbox.limits import Limits
 from agentvm.sandbox.uids import ToolUids
 from agentvm.services.bundle import Services
+from agentvm.services.chat import ChatService
 from agentvm.services.config import ConfigService, from_settings
 from agentvm.services.deps import Deps
 from agentvm.services.recovery import recover_unfinished_turns
@@ -143,9 +145,10 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     async def http_principal(_request: Request) -> Principal:
         return open_principal  # the open local mode, as on the WebSocket (keys: issue 7)
 
+    chat = ChatService(services, HubFeeds(hub, sessions, max_queue=settings.send_queue_max))
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
                                                      principal_for=http_principal, config=lambda: config,
-                                                     services=lambda: services))
+                                                     services=lambda: services, chat=lambda: chat))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
     runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +25,9 @@ from agentvm.services.bundle import Services
 from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
 
+if TYPE_CHECKING:
+    from agentvm.services.chat import ChatService
+
 
 @dataclass(slots=True)
 class HttpApi:
@@ -38,6 +41,8 @@ class HttpApi:
     admin_for: Callable[[Request], Awaitable[Principal]] | None = None
     # the services over a session host (avm serve): /v1/definitions, /v1/images and /v1/sessions
     services: Callable[[], Services] | None = None
+    # the SSE chat API (/api/v1): the services with a feed of session events
+    chat: Callable[[], ChatService] | None = None
 
 
 def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
@@ -72,8 +77,15 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         if api.services is not None:
             app.include_router(images_router(api.services, api.principal_for))
             # fixed paths (/v1/sessions/search, /v1/sessions/import) before /v1/sessions/{id}
+            from agentvm.api.archive_http import archive_router
+
+            app.include_router(archive_router(api.services, api.principal_for))
             app.include_router(sessions_router(api.services, api.principal_for))
         if api.config is not None:
             app.include_router(config_router(api.config, api.admin_for or api.principal_for))
+        if api.chat is not None:
+            from agentvm.api.chat_sse import chat_router
+
+            app.include_router(chat_router(api.chat, api.principal_for))
     return app
 

@@ -47,8 +47,10 @@ def session_wire(session: Session, image: Image | None = None) -> JSON:
 
 def turn_wire(turn: Turn) -> JSON:
     u = turn.usage
-    return {"turnId": turn.turn_id, "sessionId": turn.session_id, "userMessageId": turn.user_message_id,
-            "status": str(turn.status), "tier": turn.tier, "model": turn.model,
+    return {"turnId": turn.turn_id, "sessionId": turn.session_id, "imageId": turn.image_id,
+            "containerId": turn.container_id, "userMessageId": turn.user_message_id,
+            "agent": turn.agent, "task": turn.task, "options": turn.options,
+            "status": str(turn.status), "tier": turn.tier, "model": turn.model, "durationMs": turn.duration_ms,
             "usage": {"inputTokens": u.input_tokens, "outputTokens": u.output_tokens,
                       "cacheReadTokens": u.cache_read_tokens, "cacheWriteTokens": u.cache_write_tokens},
             "listCost": turn.list_cost, "billedCost": turn.billed_cost,

@@ -61,6 +61,17 @@ class Connection:
             if self.on_close is not None:
                 self.on_close()
 
+    async def receive(self, timeout: float) -> str | None:
+        """The next queued frame, waiting up to `timeout` s; None on timeout or once closed (a
+        listener that reads in-process instead of pumping to a socket: the SSE chat API)."""
+        if not self.queue and not self.closed:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                return None
+        return self.queue.popleft() if self.queue else None
+
     async def pump(self, send: Callable[[str], Awaitable[None]]) -> None:
         """Write queued frames in order until the connection closes."""
         queue = self.queue
