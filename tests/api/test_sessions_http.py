@@ -143,6 +143,14 @@ async def test_the_python_client_creates_and_resumes_sessions(tmp_path: Path) ->
             assert third.text == "You said: third"
         assert len(await again.messages()) == 6
         assert [t["status"] for t in await again.turns()] == ["completed"] * 3
+        # the tenant's turn log: every finished turn, newest first, in pages
+        page = (await avm._http.get("/v1/turns", params={"limit": 2})).json()
+        assert [t["task"] for t in page["items"]] == ["third", "second"] and page["nextCursor"]
+        rest = (await avm._http.get("/v1/turns", params={"cursor": page["nextCursor"]})).json()
+        assert [t["task"] for t in rest["items"]] == ["first"] and rest["nextCursor"] is None
+        assert all(t["sessionId"] == session.session_id and t["durationMs"] is not None for t in rest["items"])
+        bad = await avm._http.get("/v1/turns", params={"cursor": "nope!"})
+        assert (bad.status_code, bad.json()["error"]["field"]) == (400, "cursor")
         assert await avm.images.get(image["imageId"]) and texts(await avm.sessions.messages(image["sessionId"])) == []
 
 

@@ -8,7 +8,7 @@ API's; here a turn is read back once it has ended (`/v1/sessions/{id}/turns`).""
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
@@ -107,5 +107,14 @@ def sessions_router(services: Callable[[], Services],
     @router.get("/sessions/{session_id}/turns", summary="The session's turns: status, tier, usage, cost, error")
     async def turns(session_id: str, p: Caller) -> JSON:
         return {"items": [turn_wire(t) for t in await services().session_center.turns(p, session_id)]}
+
+    @router.get("/turns", summary="The caller's turn log: finished turns, newest first")
+    async def turn_log(p: Caller, since: Annotated[int | None, Query(ge=0, description="epoch ms, inclusive")] = None,
+                       until: Annotated[int | None, Query(ge=0, description="epoch ms, exclusive")] = None,
+                       limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                       cursor: Annotated[str | None, Query(max_length=200)] = None) -> JSON:
+        items, next_cursor = await services().deps.store.list_tenant_turns(
+            p.tenant_id, since_ms=since, until_ms=until, limit=limit, cursor=cursor)
+        return {"items": [turn_wire(t) for t in items], "nextCursor": next_cursor}
 
     return router
