@@ -148,7 +148,9 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     chat = ChatService(services, HubFeeds(hub, sessions, max_queue=settings.send_queue_max))
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
                                                      principal_for=http_principal, config=lambda: config,
-                                                     services=lambda: services, chat=lambda: chat))
+                                                     services=lambda: services, chat=lambda: chat,
+                                                     probe=lambda: store.last_seq("health", "health"),
+                                                     archive_max_bytes=settings.archive_max_bytes))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
     runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config)

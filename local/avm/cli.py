@@ -83,11 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"avm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    from avm import chat, config_cmd, keys
+    from avm import chat, config_cmd, keys, sessions_cmd
 
     chat.register(sub)
     keys.register(sub)
     config_cmd.register(sub)
+    sessions_cmd.register(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(keys.run_keys, args)
         if args.command == "config":
             return _run(config_cmd.run_config, args)
+        if args.command == "sessions":
+            return _run(sessions_cmd.run_sessions, args)
     except KeyboardInterrupt:
         return 130
     except ValidationError as exc:

@@ -60,6 +60,8 @@ class Settings(BaseSettings):
         "Let HTTP tools (tool resources of type http) call loopback, private and link-local addresses. "
         "Off: they reach public addresses only (no metadata endpoint, nothing next to the server)."))
     mcp_idle_s: float = Field(300.0, gt=0, description="A container's MCP servers stop after this long unused.")
+    archive_max_bytes: int = Field(64 * 1024 * 1024, ge=1024, description=(
+        "Largest session archive `POST /v1/sessions/import` accepts (bytes); larger ones get a 413."))
     log_level: str = Field("INFO", description="Log level of the structured stderr log.")
     reliable_wrapper: bool = Field(True, description=(
         "Wrap frames as {__msgId, __payload} and accept ACKs. Off in the cloud: every ACK would be a billed "

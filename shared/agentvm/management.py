@@ -21,6 +21,8 @@ is the WebSocket client's (`agentvm.client.AgentVMClient`); `Session.resume()` o
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -36,6 +38,16 @@ class ManagementError(Exception):
     def __init__(self, status: int, code: str, message: str, field: str | None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
+
+
+def _failure(res: httpx.Response) -> ManagementError:
+    try:
+        body = res.json()
+    except ValueError:
+        body = None
+    err = body.get("error", {}) if isinstance(body, dict) else {}
+    return ManagementError(res.status_code, str(err.get("code", "error")), str(err.get("message", res.text)),
+                           err.get("field"))
 
 
 class _Api:
@@ -203,6 +215,53 @@ class Sessions(_Api):
 
     async def turns(self, session_id: str) -> list[JSON]:
         return list((await self._call("GET", f"/v1/sessions/{session_id}/turns"))["items"])
+
+    async def export_bytes(self, session_id: str, *,
+                           progress: Callable[[int, int | None], None] | None = None) -> bytes:
+        """The session's archive (JSON) as the server wrote it, streamed; `progress(received, total)`
+        after each chunk (`total`: None when the server did not say)."""
+        async with self._http.stream("GET", f"/v1/sessions/{session_id}/export") as res:
+            if res.status_code >= 400:
+                await res.aread()
+                raise _failure(res)
+            length = res.headers.get("content-length", "")
+            total = int(length) if length.isdigit() else None
+            chunks: list[bytes] = []
+            received = 0
+            async for chunk in res.aiter_bytes():
+                chunks.append(chunk)
+                received += len(chunk)
+                if progress is not None:
+                    progress(received, total)
+        return b"".join(chunks)
+
+    async def export(self, session_id: str, *, progress: Callable[[int, int | None], None] | None = None) -> JSON:
+        """The session as a portable archive: image snapshot with pins, messages, turns, usage."""
+        return dict(json.loads(await self.export_bytes(session_id, progress=progress)))
+
+    async def import_(self, archive: bytes | JSON, container_id: str, *,
+                      progress: Callable[[int, int | None], None] | None = None) -> JSON:
+        """Restore an archive into `container_id` as a new image and session (new ids): `{sessionId,
+        imageId, containerId, messages, turns}`. Streamed; `progress(sent, total)` after each chunk."""
+        data = archive if isinstance(archive, bytes) else json.dumps(archive, ensure_ascii=False).encode()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            step = 256 * 1024
+            for start in range(0, len(data), step):
+                yield data[start:start + step]
+                if progress is not None:
+                    progress(min(start + step, len(data)), len(data))
+
+        res = await self._http.post("/v1/sessions/import", params={"containerId": container_id}, content=chunks(),
+                                    headers={"content-type": "application/json", "content-length": str(len(data))})
+        if res.status_code >= 400:
+            raise _failure(res)
+        return dict(res.json())
+
+    async def search(self, q: str, *, limit: int = 20, cursor: str | None = None) -> JSON:
+        """Full-text search over the caller's messages: `items` (snippets with <mark>…</mark>) and
+        `nextCursor` (None once the search is over)."""
+        return dict(await self._call("GET", "/v1/sessions/search", params={"q": q, "limit": limit, "cursor": cursor}))
 
     async def list(self, image_id: str) -> list[Session]:  # last: it shadows `list` in the class body
         items = (await self._call("GET", f"/v1/images/{image_id}/sessions"))["items"]

@@ -18,6 +18,7 @@ from agentvm.domain.models import (
     LeaseState,
     LoggedEvent,
     ResourceVersion,
+    SearchHit,
     Session,
     StoredMessage,
     Subscription,
@@ -87,6 +88,15 @@ class Store(Protocol):
         ...
 
     async def list_messages(self, tenant_id: str, session_id: str) -> list[StoredMessage]: ...
+    async def search_messages(self, tenant_id: str, query: str, *, limit: int = 20,
+                              cursor: str | None = None) -> tuple[list[SearchHit], str | None]:
+        """Full-text search of the tenant's messages (agentvm.domain.message_text: plain words, every
+        one required; HTML snippets), best first; a page of at most `limit` and the cursor of the
+        next one (InvalidRequest for a bad cursor). Messages of deleted sessions never appear. A
+        page may hold fewer than `limit` hits while a cursor follows (the cloud store reads a
+        bounded window per call): the search is over only when the cursor is None."""
+        ...
+
     async def get_turn(self, tenant_id: str, turn_id: str) -> Turn | None: ...
     async def list_turns(self, tenant_id: str, session_id: str) -> list[Turn]: ...
     async def list_tenant_turns(self, tenant_id: str, *, since_ms: int | None = None, until_ms: int | None = None,

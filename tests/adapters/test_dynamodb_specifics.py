@@ -31,6 +31,7 @@ from agentvm.domain.models import (
     Usage,
 )
 from agentvm.errors import Conflict
+from tests.support.dynamodb_calls import Calls
 
 
 class Clock:
@@ -39,27 +40,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class Calls:
-    """Records every DynamoDB operation the store's client sends, with its parameters."""
-
-    def __init__(self, store: DynamoDBStore) -> None:
-        self.log: list[tuple[str, dict[str, Any]]] = []
-        store.client.meta.events.register("before-parameter-build.dynamodb", self._record)
-
-    def _record(self, params: dict[str, Any], model: Any, **_: Any) -> None:
-        self.log.append((model.name, dict(params)))
-
-    def take(self) -> list[str]:
-        names = [name for name, _params in self.log]
-        self.log.clear()
-        return names
-
-    async def ops(self, call: Awaitable[Any]) -> list[str]:
-        self.log.clear()
-        await call
-        return self.take()
 
 
 @pytest.fixture
@@ -223,7 +203,7 @@ async def test_every_request_path_uses_keyed_reads_and_writes_and_never_scans(st
     assert not any("Scan" in name for names in ops.values() for name in names)
 
 
-async def test_a_text_turn_checkpoint_is_one_batch_write_of_three_items(store: DynamoDBStore) -> None:
+async def test_a_text_turn_checkpoint_is_one_batch_write_of_four_items(store: DynamoDBStore) -> None:
     await store.create_image(*image("t1", "i1"))
     calls = Calls(store)
     await store.commit(text_turn_checkpoint("t1", "sess_i1", "i1", 1, 12))
@@ -231,11 +211,12 @@ async def test_a_text_turn_checkpoint_is_one_batch_write_of_three_items(store: D
     assert name == "BatchWriteItem"
     [requests] = params["RequestItems"].values()
     assert [r["PutRequest"]["Item"]["SK"]["S"] for r in requests] == \
-        ["MSG#m_asst", "EVB#00000000000000000012", "TURN#turn1"]  # the events are one block
+        ["MSG#m_asst", "EVB#00000000000000000012", "TURN#turn1",  # the events are one block
+         "0000000000000012#sess_i1#m_asst"]  # the message's search item (SRCH#t1#197001)
     # however many events: still one block
     calls.log.clear()
     await store.commit(text_turn_checkpoint("t1", "sess_i1", "i1", 100, 140))
-    assert [(n, len(next(iter(p["RequestItems"].values())))) for n, p in calls.log] == [("BatchWriteItem", 3)]
+    assert [(n, len(next(iter(p["RequestItems"].values())))) for n, p in calls.log] == [("BatchWriteItem", 4)]
     assert [e.seq for e in await store.read_events("t1", "sess_i1", 0)] == [*range(1, 13), *range(100, 240)]
 
 
@@ -257,7 +238,7 @@ async def test_unprocessed_items_are_retried_with_backoff(store: DynamoDBStore,
 
     monkeypatch.setattr(store.client, "batch_write_item", half_at_first)
     await store.commit(text_turn_checkpoint("t1", "sess_i1", "i1", 1, 12))
-    assert sizes == [3, 2, 1]
+    assert sizes == [4, 2, 1]
     assert len(await store.read_events("t1", "sess_i1", 0)) == 12
     assert [m.message_id for m in await store.list_messages("t1", "sess_i1")] == ["m_asst"]
 
@@ -453,7 +434,7 @@ async def test_delete_image_removes_a_large_session_in_batches(store: DynamoDBSt
     calls = Calls(store)
     assert await store.delete_image("t1", "i1") is True
     writes = [len(next(iter(p["RequestItems"].values()))) for n, p in calls.log if n == "BatchWriteItem"]
-    assert writes == [25, 25, 15]  # session and its entry + 60 event blocks + message + turn + agent
+    assert writes == [25, 25, 16]  # session and its entry + 60 event blocks + message, its search item + turn + agent
     assert await raw_partition(store, "SESS#t1#sess_i1") == [] and await raw_partition(store, "IMG#t1#i1") == []
     assert await store.get_turn("t1", "turn1") is not None  # i2's turn1 is untouched
     assert len(await store.read_events("t1", "sess_i2", 0)) == 3

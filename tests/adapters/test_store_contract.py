@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
-import uuid
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.local.sqlite_schema import MIGRATIONS
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.domain.models import (
@@ -27,29 +24,6 @@ from agentvm.domain.models import (
 )
 from agentvm.errors import Conflict, InvalidRequest, NotFound
 from agentvm.ports import Store
-
-
-def _dynamodb(_: Path, request: pytest.FixtureRequest) -> Store:
-    """A fresh table per test on the session's moto server (see conftest.py)."""
-    request.getfixturevalue("aws_env")
-    return DynamoDBStore(f"agentvm-{uuid.uuid4().hex[:16]}", session=request.getfixturevalue("aws_session"),
-                         endpoint_url=request.getfixturevalue("moto_endpoint"))
-
-
-FACTORIES: dict[str, Callable[[Path, pytest.FixtureRequest], Store]] = {
-    "sqlite": lambda d, _request: SqliteStore(d / "agentvm.db"),
-    "dynamodb": _dynamodb,
-}
-
-
-@pytest.fixture(params=sorted(FACTORIES))
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s = FACTORIES[request.param](tmp_path, request)
-    await s.open()
-    if isinstance(s, DynamoDBStore):
-        await s.create_table()
-    yield s
-    await s.close()
 
 
 def image(tenant: str, iid: str, container: str = "c1", created: int = 1) -> tuple[Image, Session]:
@@ -260,7 +234,7 @@ async def test_sqlite_migrates_an_existing_database_in_place(tmp_path: Path) -> 
     finally:
         await s.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 6
 
 
 # ---- resources ---------------------------------------------------------------------------------

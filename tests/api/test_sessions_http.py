@@ -149,6 +149,9 @@ async def test_the_python_client_creates_and_resumes_sessions(tmp_path: Path) ->
         rest = (await avm._http.get("/v1/turns", params={"cursor": page["nextCursor"]})).json()
         assert [t["task"] for t in rest["items"]] == ["first"] and rest["nextCursor"] is None
         assert all(t["sessionId"] == session.session_id and t["durationMs"] is not None for t in rest["items"])
+        found = await avm.sessions.search("second")
+        assert [i["messageId"] for i in found["items"]][:1] and "<mark>second</mark>" in found["items"][0]["snippet"]
+        assert all(i["sessionId"] == session.session_id for i in found["items"])
         bad = await avm._http.get("/v1/turns", params={"cursor": "nope!"})
         assert (bad.status_code, bad.json()["error"]["field"]) == (400, "cursor")
         assert await avm.images.get(image["imageId"]) and texts(await avm.sessions.messages(image["sessionId"])) == []

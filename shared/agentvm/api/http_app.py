@@ -18,6 +18,7 @@ from agentvm import __version__
 from agentvm.api.config_http import config_router
 from agentvm.api.images_http import images_router
 from agentvm.api.resources_http import resources_router
+from agentvm.api.search_http import search_router
 from agentvm.api.sessions_http import sessions_router
 from agentvm.domain.models import Principal
 from agentvm.errors import AgentVMError
@@ -41,8 +42,12 @@ class HttpApi:
     admin_for: Callable[[Request], Awaitable[Principal]] | None = None
     # the services over a session host (avm serve): /v1/definitions, /v1/images and /v1/sessions
     services: Callable[[], Services] | None = None
-    # the SSE chat API (/api/v1): the services with a feed of session events
+    # the SSE chat API (/api/v1): the services with a feed of session events, and a cheap store read
+    # for its health check
     chat: Callable[[], ChatService] | None = None
+    probe: Callable[[], Awaitable[object]] | None = None
+    # the largest session archive /v1/sessions/import accepts (None: AVM_ARCHIVE_MAX_BYTES)
+    archive_max_bytes: int | None = None
 
 
 def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
@@ -77,15 +82,19 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         if api.services is not None:
             app.include_router(images_router(api.services, api.principal_for))
             # fixed paths (/v1/sessions/search, /v1/sessions/import) before /v1/sessions/{id}
+            app.include_router(search_router(api.services, api.principal_for))
             from agentvm.api.archive_http import archive_router
 
-            app.include_router(archive_router(api.services, api.principal_for))
+            app.include_router(archive_router(api.services, api.principal_for, api.archive_max_bytes))
             app.include_router(sessions_router(api.services, api.principal_for))
         if api.config is not None:
             app.include_router(config_router(api.config, api.admin_for or api.principal_for))
         if api.chat is not None:
             from agentvm.api.chat_sse import chat_router
 
-            app.include_router(chat_router(api.chat, api.principal_for))
+            probe = api.probe
+            if probe is None:
+                raise ValueError("the chat API needs a store probe for its health check")
+            app.include_router(chat_router(api.chat, api.principal_for, probe=probe))
     return app
 

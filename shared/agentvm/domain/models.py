@@ -277,3 +277,20 @@ class ConfigChange:
     new: str | None  # the new value's JSON text (masked for secrets), None when it was removed
     actor: str  # who changed it (the API key id, or "local")
     at: int  # epoch ms
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One message found by a full-text search of a tenant's sessions (agentvm.domain.message_text).
+
+    `snippet`: HTML, the text around the matches escaped, each match in `<mark>…</mark>`. `score`:
+    BM25 relevance, higher is better (in the cloud it compares hits of one search window only)."""
+
+    session_id: str
+    message_id: str
+    role: str
+    subtype: str
+    timestamp: int  # the message's, epoch ms
+    snippet: str
+    score: float
+    image_id: str | None = None

@@ -46,7 +46,10 @@ class Feed(Protocol):
                         tb: TracebackType | None) -> None: ...
 
     @property
-    def connection_id(self) -> str: ...
+    def connection_id(self) -> str | None:
+        """The id the session host knows this listener by (it is not sent its own `user_message`);
+        None where the listener is not a connection of the fan-out (the cloud's stream)."""
+        ...
 
     async def follow(self, session_id: str, container_id: str, after_seq: int) -> None:
         """Deliver the session's events after `after_seq`, then live ones, each once, in order."""

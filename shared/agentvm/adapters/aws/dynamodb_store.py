@@ -17,6 +17,7 @@ zero-padded to 20 digits, so string order is numeric order.
 | Message   | SESS#{t}#{sid}   | MSG#{mid}         | –                                                  | –          |
 | Events    | SESS#{t}#{sid}   | EVB#{last}        | –                                                  | expires_at |
 | (parts)   | SESS#{t}#{sid}   | EVB#{last}#{part} | – (only for one event above 300 KB compressed)     | expires_at |
+| (search)  | SRCH#{t}#{yyyymm} | {created}#{sid}#{mid} | – (a message's searchable text, by month)      | –          |
 | Turn      | SESS#{t}#{sid}   | TURN#{turn_id}    | 3: TURN#{t}#{turn_id}                              | –          |
 |           |                  |                   | 4: TURN#{status}#{shard} / {created}#{t}#{turn_id} |            |
 |           |                  |                   |    (only while queued or running)                  |            |
@@ -47,7 +48,8 @@ Why this shape:
 
 * Per-user data is keyed by session (messages, events, turns: one item collection per
   conversation) or by image (image + its agent), never by tenant, so a big tenant has no hot
-  partition on the write path. Tenant-wide lists (containers, images, agents: written rarely) go
+  partition on the write path (search items are the exception, by tenant and month: see Search
+  below). Tenant-wide lists (containers, images, agents: written rarely) go
   through GSI1; container-wide lists through GSI2, newest first with `ScanIndexForward=False`.
 * `put_agent` is a conditional put of the image-keyed AGENT item: one agent per image by
   construction, and a lost race answers with the winner in the same response
@@ -91,18 +93,34 @@ Why this shape:
   published resource by id through the head's sparse GSI3 key. Every write that changes the
   visibility or the latest version is one transaction conditional on the head's `revision`.
   A version is limited by DynamoDB's 400 KB item size.
+* Search (`search_messages`): each message with searchable text (agentvm.domain.message_text, at
+  most 8 KB) gets a search item in its tenant's partition of the message's month (UTC): role,
+  subtype and the text (zlib-compressed as `z` when smaller; time and ids are in the sort key),
+  written in the same BatchWriteItem as the message (one item more: 1 WCU for most messages, 2
+  for a reply of a few thousand characters); the message carries `srch` so that deleting its
+  session computes the search item's key and deletes it first. A search reads the newest months first
+  (eventually consistent Queries: 0.5 RRU per 4 KB), ranks each window of up to
+  `search_window_items` items in memory with FTS5 (BM25), reads at most `search_budget_items`
+  items per call and goes `search_months` (24) back; a consistent BatchGetItem of the page's
+  sessions drops hits of a session deleted halfway. Keyed by tenant and month, a tenant never
+  reads another's items, and no search scans. A tenant's current month is one partition: about
+  1,000 messages per second per tenant before it throttles (a shard suffix would lift it).
 * Not carried over from SQLite on purpose: `commit` does not advance `Session.updated_at` (that
   would be a second write per message; nothing reads it).
 
 Request counts per operation (R = read, W = write request; on-demand bills units, not requests):
 create_container 1 W · get_container 1 R · list_containers 1 R/page · create_image 1 W
 (TransactWriteItems, 3 items) · get_image 1 R · list_images 1 R/page · update_image 1 W ·
-delete_image 2 R + 1 R/page per session + ceil(n/25) W + 1 W · get_session 1 R · create_session 1 W
+delete_image 2 R + 1 R/page per session + ceil(n/25) W + 1 W (n counts the messages' search items
+too) · get_session 1 R · create_session 1 W
 (TransactWriteItems: a check of the image and 2 items) · list_sessions 1 R/page · delete_session 1 R
 + 1 W + 1 R/page + ceil(n/25) W · put_agent 1 W ·
 get_agent 2 R · get_agent_for_image 1 R · list_agents 1 R/page · delete_agent 1 R + 1 W ·
 commit ceil(items/25) W, where a checkpoint's events are 1 item (more only above 300 KB
-compressed): a text turn's final checkpoint is 1 W of 3 items · list_messages 1 R/page · get_turn
+compressed) and each message with searchable text adds its search item: a text turn's final
+checkpoint is 1 W of 4 items · list_messages 1 R/page · search_messages 1 R per month partition
+read (Queries of 1, 2, 4, … months at once; 24 R when nothing matches in 24 months; a page that
+ends inside a window reads that window again) + 1 R (BatchGetItem of the page's sessions) · get_turn
 2 R · list_turns 1 R/page · read_events 1 R/page (a page is up to 1 MB of blocks) · last_seq 1 R ·
 reserve_seqs 1 R + 1 W (+1 W if a seq was logged beyond every reservation) · prune_events 8 R +
 per session (1 R + 1 R per block cut in part + ceil(n/25) W, n = blocks deleted or rewritten) ·
@@ -128,6 +146,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from urllib.parse import unquote
 
 import botocore.session
 import orjson
@@ -136,6 +155,15 @@ from botocore.exceptions import ClientError
 
 from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, new_client
 from agentvm.domain.cursors import next_turn_cursor, turn_cursor
+from agentvm.domain.message_text import (
+    bad_cursor,
+    cursor_int,
+    match_expression,
+    rank_texts,
+    search_cursor,
+    search_cursor_state,
+    searchable_text,
+)
 from agentvm.domain.models import (
     Agent,
     Checkpoint,
@@ -143,6 +171,7 @@ from agentvm.domain.models import (
     Image,
     LoggedEvent,
     ResourceVersion,
+    SearchHit,
     Session,
     StoredMessage,
     Turn,
@@ -213,6 +242,11 @@ class DynamoDBStore:
     #: UnprocessedItems/Keys are retried with full-jitter exponential backoff from this base.
     backoff_base_s: float = 0.05
     backoff_attempts: int = 8
+    #: `search_messages`: the items ranked together (one BM25 window, read newest first), the items
+    #: one call reads at most (whole windows), and how many months back from now a search goes.
+    search_window_items: int = 500
+    search_budget_items: int = 2000
+    search_months: int = 24
 
     def __init__(self, table_name: str, *, session: botocore.session.Session | None = None,
                  endpoint_url: str | None = None, region_name: str | None = None,
@@ -381,10 +415,15 @@ class DynamoDBStore:
         return "Attributes" in resp
 
     async def _session_keys(self, tenant_id: str, session_id: str) -> list[Item]:
-        children = await self._query(KeyConditionExpression="PK = :pk", ProjectionExpression="PK, SK",
+        """The keys of the session's items, after the search items of its messages (deleted first:
+        they are found through their messages, so a delete cut short can still find them)."""
+        children = await self._query(KeyConditionExpression="PK = :pk",
+                                     ProjectionExpression="PK, SK, message_id, created_at, srch",
                                      ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id))},
                                      ConsistentRead=True)
-        return [{"PK": c["PK"], "SK": c["SK"]} for c in children]
+        searched = [_search_key(tenant_id, session_id, c["message_id"]["S"], _int(c, "created_at"))
+                    for c in children if "srch" in c]
+        return searched + [{"PK": c["PK"], "SK": c["SK"]} for c in children]
 
     async def get_session(self, tenant_id: str, session_id: str) -> Session | None:
         item = await self._get(_session_pk(tenant_id, session_id), "SESS")
@@ -510,14 +549,19 @@ class DynamoDBStore:
         t, sid = checkpoint.tenant_id, checkpoint.session_id
         pk = _s(_session_pk(t, sid))
         puts: dict[str, Item] = {}
+        searched: list[Item] = []
         for m in checkpoint.messages:
             sk = f"MSG#{_k(m.message_id)}"
             if sk in puts:
                 continue  # first wins, like INSERT OR IGNORE
+            created = int(m.body.get("timestamp", 0))
             item: Item = {"PK": pk, "SK": _s(sk), "message_id": _s(m.message_id), "pos": _n(self._next_pos()),
-                          "body": _s(orjson.dumps(m.body).decode()),
-                          "created_at": _n(int(m.body.get("timestamp", 0)))}
+                          "body": _s(orjson.dumps(m.body).decode()), "created_at": _n(created)}
             _put_opt(item, "turn_id", m.turn_id)
+            text = searchable_text(m.body)
+            if text:  # its search item; the flag tells a delete to remove that too
+                item["srch"] = {"BOOL": True}
+                searched.append(_search_item(t, sid, m, created, text))
             puts[sk] = item
         expires = int(self._clock()) + self._event_ttl_s
         rows: dict[int, _Row] = {}
@@ -527,7 +571,7 @@ class DynamoDBStore:
             puts[item["SK"]["S"]] = item
         for turn in checkpoint.turns:
             puts[f"TURN#{_k(turn.turn_id)}"] = _turn_item(turn)  # last wins, like INSERT OR REPLACE
-        await self._batch_write([{"PutRequest": {"Item": i}} for i in puts.values()])
+        await self._batch_write([{"PutRequest": {"Item": i}} for i in (*puts.values(), *searched)])
 
     async def list_messages(self, tenant_id: str, session_id: str) -> list[StoredMessage]:
         items = await self._query(KeyConditionExpression="PK = :pk AND begins_with(SK, :msg)", ConsistentRead=True,
@@ -536,6 +580,71 @@ class DynamoDBStore:
         items.sort(key=lambda i: _int(i, "pos"))
         return [StoredMessage(session_id, i["message_id"]["S"], orjson.loads(i["body"]["S"]), _opt_s(i, "turn_id"))
                 for i in items]
+
+    async def search_messages(self, tenant_id: str, query: str, *, limit: int = 20,
+                              cursor: str | None = None) -> tuple[list[SearchHit], str | None]:
+        """Search the tenant's search items (`SRCH#{t}#{yyyymm}`), newest month first, one window at
+        a time: up to `search_window_items` items read newest first (eventually consistent Queries),
+        ranked together with an in-memory FTS5 index (BM25) and returned best first; then the next,
+        older window. A call reads at most `search_budget_items` items (whole windows): a page may
+        then hold fewer than `limit` hits, and its cursor continues below. The cursor is a window's
+        bounds and how many of its hits were returned (a page ending inside a window reads that
+        window again), or where the next window starts; the search ends `search_months` months
+        back. Hits whose session no longer exists (a delete cut short) are dropped after one
+        consistent BatchGetItem of the page's sessions, which also gives their images."""
+        state = search_cursor_state(cursor, query)
+        match = match_expression(query)
+        limit = max(limit, 1)
+        if state is None:
+            newest = _month(int(self._clock() * 1000) + 86_400_000)  # a day ahead: writers' clocks differ
+            state = {"old": _month_add(newest, 1 - self.search_months), "below": [newest, "~"]}
+        oldest = _cursor_month(state.get("old"))
+        positions: list[_Pos]
+        window: tuple[_Pos, _Pos] | None
+        if "below" in state:
+            below: _Pos | None = _cursor_pos(state["below"])
+            window, skip, last = None, 0, False
+            positions = [_cursor_pos(state["below"])]
+        else:
+            hi, lo = _cursor_pos(state.get("hi")), _cursor_pos(state.get("lo"))
+            if hi < lo:
+                raise bad_cursor()
+            below, window = None, (hi, lo)
+            skip, last = cursor_int(state, "skip"), state.get("last") is True
+            positions = [hi, lo]
+        # every month a cursor names lies within the search's months: a forged one cannot make it read more
+        if not all(0 <= _months_between(m, oldest) <= self.search_months for m, _sk in positions):
+            raise bad_cursor()
+        if match is None:
+            return [], None
+        found: list[tuple[Item, float, str]] = []
+        read = 0
+        while True:
+            if window is None:
+                assert below is not None
+                if read >= self.search_budget_items:
+                    return await self._search_hits(tenant_id, found), search_cursor(
+                        {"old": oldest, "below": list(below)}, query)
+                items, last = await self._search_window(tenant_id, below, oldest)
+                if not items:
+                    return await self._search_hits(tenant_id, found), None
+                window = (_search_pos(items[0]), _search_pos(items[-1]))
+            else:
+                items = await self._search_range(tenant_id, *window)
+            read += len(items)
+            ranked = await asyncio.to_thread(rank_texts, [_search_text(i) for i in items], match)
+            taken = ranked[skip:skip + limit - len(found)]
+            found += [(items[n], score, snippet) for n, score, snippet in taken]
+            if skip + len(taken) < len(ranked):  # the page is full inside this window
+                return await self._search_hits(tenant_id, found), search_cursor(
+                    {"old": oldest, "hi": list(window[0]), "lo": list(window[1]), "skip": skip + len(taken),
+                     "last": last}, query)
+            if last:
+                return await self._search_hits(tenant_id, found), None
+            below, window, skip = window[1], None, 0  # the next window starts below this one
+            if len(found) == limit:
+                return await self._search_hits(tenant_id, found), search_cursor(
+                    {"old": oldest, "below": list(below)}, query)
 
     async def get_turn(self, tenant_id: str, turn_id: str) -> Turn | None:
         found = await self._by_id(f"TURN#{_k(tenant_id)}#{_k(turn_id)}")
@@ -872,6 +981,70 @@ class DynamoDBStore:
                 return out
             params["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
+    async def _search_window(self, tenant_id: str, below: _Pos, oldest: int) -> tuple[list[Item], bool]:
+        """Up to `search_window_items` search items below `below`, newest first, going back to the
+        month `oldest`; and whether nothing older is left. Months are read 1, 2, 4, … at a time
+        (concurrently), so a sparse history costs a few round trips, and a dense month no extra read."""
+        want = max(self.search_window_items, 1)
+        month, sk = below
+        items: list[Item] = []
+        batch = 1
+        while month >= oldest:
+            months = [m for m in (_month_add(month, -i) for i in range(batch)) if m >= oldest]
+            pages = await asyncio.gather(*(self._search_month(tenant_id, m, sk if m == month else "~",
+                                                              want - len(items)) for m in months))
+            for page in pages:
+                items += page[:want - len(items)]
+                if len(items) >= want:
+                    return items, False
+            month, sk, batch = _month_add(months[-1], -1), "~", batch * 2
+        return items, True
+
+    async def _search_month(self, tenant_id: str, month: int, below: str, want: int) -> list[Item]:
+        """Up to `want` search items of one month partition below the sort key `below`, newest first."""
+        params: dict[str, Any] = {
+            "TableName": self.table_name, "ScanIndexForward": False, "KeyConditionExpression": "PK = :pk AND SK < :sk",
+            "ExpressionAttributeValues": {":pk": _s(_search_pk(tenant_id, month)), ":sk": _s(below)}}
+        items: list[Item] = []
+        while len(items) < want:
+            resp = await self.client.query(**params, Limit=want - len(items))
+            items += resp.get("Items", [])
+            if "LastEvaluatedKey" not in resp:
+                break
+            params["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return items
+
+    async def _search_range(self, tenant_id: str, hi: _Pos, lo: _Pos) -> list[Item]:
+        """The search items from `hi` down to `lo` (both included): a window read before, again."""
+        async def month_items(month: int) -> list[Item]:
+            values: Item = {":pk": _s(_search_pk(tenant_id, month))}
+            if month == hi[0] == lo[0]:
+                condition = "PK = :pk AND SK BETWEEN :lo AND :hi"
+                values[":lo"], values[":hi"] = _s(lo[1]), _s(hi[1])
+            elif month == hi[0]:
+                condition, values[":hi"] = "PK = :pk AND SK <= :hi", _s(hi[1])
+            elif month == lo[0]:
+                condition, values[":lo"] = "PK = :pk AND SK >= :lo", _s(lo[1])
+            else:
+                condition = "PK = :pk"
+            return await self._query(KeyConditionExpression=condition, ExpressionAttributeValues=values,
+                                     ScanIndexForward=False)
+
+        months = [hi[0]]
+        while months[-1] > lo[0]:
+            months.append(_month_add(months[-1], -1))
+        pages = await asyncio.gather(*(month_items(m) for m in months))
+        return [item for page in pages for item in page]
+
+    async def _search_hits(self, tenant_id: str, found: list[tuple[Item, float, str]]) -> list[SearchHit]:
+        """The hits whose session still exists, with its image (one consistent BatchGetItem)."""
+        ids = [_search_ids(item) for item, _score, _snippet in found]
+        sessions = {i["session_id"]["S"]: i for i in await self._batch_get(
+            [_key(_session_pk(tenant_id, sid), "SESS") for sid in dict.fromkeys(sid for _ts, sid, _mid in ids)])}
+        return [SearchHit(sid, mid, item["role"]["S"], item["subtype"]["S"], created, snippet, score,
+                          sessions[sid]["image_id"]["S"])
+                for (item, score, snippet), (created, sid, mid) in zip(found, ids, strict=True) if sid in sessions]
+
     async def _get(self, pk: str, sk: str) -> Item | None:
         resp = await self.client.get_item(TableName=self.table_name, Key=_key(pk, sk), ConsistentRead=True)
         return resp.get("Item")
@@ -1035,6 +1208,74 @@ def _shard(*parts: str) -> int:
 
 def _put_new(table_name: str, item: Item) -> TransactWriteItemTypeDef:
     return {"Put": {"TableName": table_name, "Item": item, "ConditionExpression": "attribute_not_exists(PK)"}}
+
+
+_Pos = tuple[int, str]  # a search item's place: its month (yyyymm) and sort key
+
+
+def _search_pk(tenant_id: str, month: int) -> str:
+    return f"SRCH#{_k(tenant_id)}#{month:06d}"
+
+
+def _search_key(tenant_id: str, session_id: str, message_id: str, created: int) -> Item:
+    """A message's search item: the tenant's partition of the message's month (UTC), newest last."""
+    return _key(_search_pk(tenant_id, _month(created)), f"{_ts(created)}#{_k(session_id)}#{_k(message_id)}")
+
+
+def _search_item(tenant_id: str, session_id: str, m: StoredMessage, created: int, text: str) -> Item:
+    """A message's search item: its key (which holds the time and ids), role, subtype and text;
+    the text zlib-compressed (`z`) when that is smaller (a write unit and storage are per byte)."""
+    item: Item = {**_search_key(tenant_id, session_id, m.message_id, created),
+                  "role": _s(str(m.body.get("role", ""))), "subtype": _s(str(m.body.get("subtype", "")))}
+    raw = text.encode()
+    packed = zlib.compress(raw, _ZLIB_LEVEL)
+    if len(packed) < len(raw):
+        item["z"] = {"B": packed}
+    else:
+        item["text"] = _s(text)
+    return item
+
+
+def _search_text(item: Mapping[str, Any]) -> str:
+    return zlib.decompress(item["z"]["B"]).decode() if "z" in item else str(item["text"]["S"])
+
+
+def _search_ids(item: Mapping[str, Any]) -> tuple[int, str, str]:
+    """(created, session id, message id) of a search item, from its sort key."""
+    created, sid, mid = str(item["SK"]["S"]).split("#")
+    return int(created), unquote(sid), unquote(mid)  # `_k` escapes only "%" and "#", as %25 and %23
+
+
+def _search_pos(item: Mapping[str, Any]) -> _Pos:
+    return int(item["PK"]["S"][-6:]), str(item["SK"]["S"])
+
+
+def _month(ms: int) -> int:
+    """yyyymm (UTC) of an epoch-ms time."""
+    t = time.gmtime(min(max(ms, 0), 253_402_300_799_999) // 1000)
+    return t.tm_year * 100 + t.tm_mon
+
+
+def _months_between(later: int, earlier: int) -> int:
+    return (later // 100 - earlier // 100) * 12 + later % 100 - earlier % 100
+
+
+def _month_add(month: int, n: int) -> int:
+    index = (month // 100) * 12 + month % 100 - 1 + n
+    return (index // 12) * 100 + index % 12 + 1
+
+
+def _cursor_month(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 197001 <= value <= 999912 \
+            or not 1 <= value % 100 <= 12:
+        raise bad_cursor()
+    return value
+
+
+def _cursor_pos(value: Any) -> _Pos:
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], str) and 0 < len(value[1]) <= 1024):
+        raise bad_cursor()
+    return _cursor_month(value[0]), value[1]
 
 
 def _session_entry_key(session: Session) -> tuple[str, str]:

@@ -163,4 +163,14 @@ MIGRATIONS: list[str] = [
     ALTER TABLE turns ADD COLUMN options TEXT;
     CREATE INDEX turns_by_tenant ON turns (tenant_id, created_at, turn_id);
     """,
+    # 6: full-text search of messages (agentvm.domain.message_text). One row per message with
+    # searchable text, its rowid the message's `pos`; written with the message, deleted with its
+    # session. The messages already stored are indexed here, through `avm_searchable_text`, the
+    # Python extraction the store registers on its connection before migrating.
+    """
+    CREATE VIRTUAL TABLE message_search USING fts5(text, tenant_id UNINDEXED, tokenize='porter unicode61');
+    INSERT INTO message_search (rowid, text, tenant_id)
+        SELECT pos, text, tenant_id FROM (SELECT pos, tenant_id, avm_searchable_text(body) AS text FROM messages)
+        WHERE text <> '';
+    """,
 ]

@@ -25,6 +25,16 @@ import orjson
 
 from agentvm.adapters.local.sqlite_schema import MIGRATIONS
 from agentvm.domain.cursors import next_turn_cursor, turn_cursor
+from agentvm.domain.message_text import (
+    SNIPPET_ARGS,
+    cursor_int,
+    match_expression,
+    render_snippet,
+    search_cursor,
+    search_cursor_state,
+    searchable_text,
+    snippet_sql,
+)
 from agentvm.domain.models import (
     Agent,
     Checkpoint,
@@ -32,6 +42,7 @@ from agentvm.domain.models import (
     Image,
     LoggedEvent,
     ResourceVersion,
+    SearchHit,
     Session,
     StoredMessage,
     Turn,
@@ -87,6 +98,8 @@ class SqliteStore:
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=5000")
         conn.execute("PRAGMA cache_size=-8000")
+        # the searchable text of a stored body, for migration 6 (which indexes existing messages)
+        conn.create_function("avm_searchable_text", 1, _searchable_text_sql, deterministic=True)
         self._migrate(conn)
         return conn
 
@@ -344,14 +357,18 @@ class SqliteStore:
 
     async def commit(self, checkpoint: Checkpoint) -> None:
         tenant, sid = checkpoint.tenant_id, checkpoint.session_id
+        texts = [searchable_text(m.body) for m in checkpoint.messages]
 
         def job(c: sqlite3.Connection) -> None:
-            if checkpoint.messages:
-                c.executemany(
+            for m, text in zip(checkpoint.messages, texts, strict=True):
+                cur = c.execute(
                     "INSERT OR IGNORE INTO messages (tenant_id, session_id, message_id, turn_id, body, "
                     "created_at) VALUES (?,?,?,?,?,?)",
-                    [(tenant, sid, m.message_id, m.turn_id, orjson.dumps(m.body).decode(),
-                      int(m.body.get("timestamp", 0))) for m in checkpoint.messages])
+                    (tenant, sid, m.message_id, m.turn_id, orjson.dumps(m.body).decode(),
+                     int(m.body.get("timestamp", 0))))
+                if text and cur.rowcount == 1:  # indexed once, when inserted (a replay is ignored)
+                    c.execute("INSERT INTO message_search (rowid, text, tenant_id) VALUES (?,?,?)",
+                              (cur.lastrowid, text, tenant))
             if checkpoint.events:
                 c.executemany(
                     "INSERT OR IGNORE INTO events (tenant_id, session_id, seq, type, payload, created_at) "
@@ -381,6 +398,43 @@ class SqliteStore:
                              "session_id=? ORDER BY pos", (tenant_id, session_id)).fetchall()
             return [StoredMessage(session_id, r[0], orjson.loads(r[2]), r[1]) for r in rows]
         return await self._run(job)
+
+    async def search_messages(self, tenant_id: str, query: str, *, limit: int = 20,
+                              cursor: str | None = None) -> tuple[list[SearchHit], str | None]:
+        """FTS5 over every message of the tenant, BM25 order (newest first among equals); the cursor
+        is the offset of the next page. The page's rows are ranked first and only they get a snippet."""
+        state = search_cursor_state(cursor, query)
+        offset = cursor_int(state, "o") if state is not None else 0
+        match = match_expression(query)
+        limit = max(limit, 1)
+        if match is None:
+            return [], None
+
+        def job(c: sqlite3.Connection) -> tuple[list[SearchHit], bool]:
+            # the join to sessions: a message committed after its session was deleted never shows
+            ranked = c.execute(
+                "SELECT message_search.rowid, bm25(message_search) FROM message_search "
+                "JOIN messages m ON m.pos=message_search.rowid "
+                "JOIN sessions s ON s.tenant_id=m.tenant_id AND s.session_id=m.session_id "
+                "WHERE message_search MATCH ? AND message_search.tenant_id=? "
+                "ORDER BY bm25(message_search), message_search.rowid DESC LIMIT ? OFFSET ?",
+                (match, tenant_id, limit + 1, offset)).fetchall()
+            if not ranked:
+                return [], False
+            page = {int(r[0]): -float(r[1]) for r in ranked[:limit]}
+            marks = ",".join("?" * len(page))
+            rows = c.execute(
+                f"SELECT message_search.rowid, {snippet_sql('message_search')}, m.session_id, m.message_id, "
+                "m.created_at, json_extract(m.body, '$.role'), json_extract(m.body, '$.subtype'), s.image_id "
+                "FROM message_search JOIN messages m ON m.pos=message_search.rowid "
+                "JOIN sessions s ON s.tenant_id=m.tenant_id AND s.session_id=m.session_id "
+                f"WHERE message_search MATCH ? AND message_search.rowid IN ({marks})",
+                (*SNIPPET_ARGS, match, *page)).fetchall()
+            by_pos = {int(r[0]): SearchHit(r[2], r[3], str(r[5] or ""), str(r[6] or ""), int(r[4]),
+                                           render_snippet(str(r[1])), page[int(r[0])], r[7]) for r in rows}
+            return [by_pos[pos] for pos in page if pos in by_pos], len(ranked) > limit
+        hits, more = await self._run(job)
+        return hits, search_cursor({"o": offset + limit}, query) if more else None
 
     async def get_turn(self, tenant_id: str, turn_id: str) -> Turn | None:
         def job(c: sqlite3.Connection) -> Turn | None:
@@ -654,8 +708,19 @@ def _insert_session(c: sqlite3.Connection, session: Session) -> None:
 
 
 def _delete_session_rows(c: sqlite3.Connection, tenant_id: str, session_id: str) -> None:
+    c.execute("DELETE FROM message_search WHERE rowid IN (SELECT pos FROM messages WHERE tenant_id=? AND "
+              "session_id=?)", (tenant_id, session_id))
     for table in ("messages", "events", "turns", "sessions"):
         c.execute(f"DELETE FROM {table} WHERE tenant_id=? AND session_id=?", (tenant_id, session_id))
+
+
+def _searchable_text_sql(body: str) -> str:
+    """`avm_searchable_text(body)` in SQL: the searchable text of a stored message body."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ""
+    return searchable_text(parsed) if isinstance(parsed, dict) else ""
 
 
 def _split_sql(script: str) -> list[str]:

@@ -1,0 +1,122 @@
+"""`avm sessions export SESSION_ID [--out FILE]` and `avm sessions import FILE --container C`: portable
+session archives (docs/sessions.md) from and into a running server, over its HTTP API. Big archives
+show a progress bar on stderr when it is a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+
+from agentvm.config import ClientSettings
+from agentvm.management import ManagementClient, ManagementError, http_base
+
+BAR_MIN_BYTES = 1024 * 1024  # smaller archives move too fast for a bar to say anything
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    env = ClientSettings()
+    p = sub.add_parser("sessions", help="export a session as a portable archive, or import one")
+    p.add_argument("--url", default=env.url, help="the server (its ws:// URL or http:// base; default: $AVM_URL)")
+    p.add_argument("--token", default=env.token.get_secret_value() if env.token else None,
+                   help="API key (default: $AVM_TOKEN)")
+    actions = p.add_subparsers(dest="sessions_command", required=True)
+    e = actions.add_parser("export", help="write a session (image snapshot, messages, turns, usage) as JSON")
+    e.add_argument("session_id", metavar="SESSION_ID")
+    e.add_argument("--out", "-o", type=Path, help="the file to write (default: standard output)")
+    i = actions.add_parser("import", help="restore an archive into a container (a new image and session)")
+    i.add_argument("file", metavar="FILE", help="the archive ('-': standard input)")
+    i.add_argument("--container", "-c", required=True, help="the container to restore into (created if needed)")
+
+
+class ProgressBar:
+    """A one-line text bar on a terminal: `label [#####-----]  52%  3.1/6.0 MB`. Silent unless
+    `stream` is a terminal and the transfer is (or turns out to be) bigger than `min_bytes`."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, *, min_bytes: int = BAR_MIN_BYTES,
+                 width: int = 30) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.min_bytes, self.width = min_bytes, width
+        self.enabled = self.stream.isatty()
+        self.shown = False
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int | None) -> None:
+        if not self.enabled or max(done, total or 0) <= self.min_bytes:
+            return
+        now = time.monotonic()
+        if self.shown and now - self._last < 0.1 and done != total:
+            return
+        self._last, self.shown = now, True
+        mb = done / 1_048_576
+        if total:
+            filled = min(self.width, self.width * done // total)
+            line = (f"{self.label} [{'#' * filled}{'-' * (self.width - filled)}] {100 * done // total:3d}%  "
+                    f"{mb:.1f}/{total / 1_048_576:.1f} MB")
+        else:
+            line = f"{self.label} {mb:.1f} MB"
+        self.stream.write("\r" + line)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.shown = False
+
+
+def _fail(message: str) -> int:
+    print(f"avm sessions: {message}", file=sys.stderr)
+    return 1
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Whole or not at all: a temporary file next to it, renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read(name: str) -> bytes:
+    return sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+
+
+async def run_sessions(args: argparse.Namespace) -> int:
+    bar = ProgressBar("exporting" if args.sessions_command == "export" else "importing")
+    async with ManagementClient(args.url, token=args.token, timeout=300) as avm:
+        try:
+            if args.sessions_command == "export":
+                data = await avm.sessions.export_bytes(args.session_id, progress=bar)
+                bar.close()
+                if args.out is None:
+                    sys.stdout.buffer.write(data)
+                    sys.stdout.flush()
+                    return 0
+                await asyncio.to_thread(_write, args.out, data)
+                print(f"wrote session {args.session_id} to {args.out} ({len(data)} bytes)")
+                return 0
+            archive = await asyncio.to_thread(_read, args.file)
+            done = await avm.sessions.import_(archive, args.container, progress=bar)
+            bar.close()
+        except ManagementError as exc:
+            bar.close()
+            return _fail(exc.message)
+        except httpx.HTTPError as exc:
+            bar.close()
+            return _fail(f"cannot reach {http_base(args.url)}: {exc}")
+        except OSError as exc:
+            bar.close()
+            return _fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+    print(f"imported session {done['sessionId']} (image {done['imageId']}, container {done['containerId']}): "
+          f"{done['messages']} messages, {done['turns']} turns")
+    return 0
