@@ -34,7 +34,12 @@ FUNCTIONS: dict[str, str] = {
     "WsDefaultFunction": "ws_default",
     "ChatTurnFunction": "chat_turn",
     "HttpApiFunction": "http_api",
+    "ChatStreamFunction": "chat_stream",
 }
+#: Functions that run turns (and wait on the LLM): up to 15 minutes.
+TURN_RUNNERS = ("ChatTurnFunction", "ChatStreamFunction")
+#: chat_stream is a web app run by the Lambda Web Adapter: a start script, not a handler module.
+WEB_ADAPTER = "ChatStreamFunction"
 #: Regions cfn-lint checks resource availability in (SnapStart, arm64, GLACIER_IR, ...).
 LINT_REGIONS = ("us-east-1", "us-west-2", "eu-west-1", "eu-central-1", "ap-southeast-1", "ap-northeast-1")
 #: Packages the function tier must not carry (the SDK-free driver replaces anthropic; the rest is `avm serve`).
@@ -98,6 +103,8 @@ def _function(name: str) -> dict[str, Any]:
         if key == "Environment":
             variables = {**merged.get("Environment", {}).get("Variables", {}), **value.get("Variables", {})}
             merged["Environment"] = {"Variables": variables}
+        elif isinstance(value, list) and isinstance(merged.get(key), list):
+            merged[key] = [*merged[key], *value]  # SAM appends a function's list to the global one
         else:
             merged[key] = value
     return merged
@@ -210,7 +217,11 @@ def test_sam_build_ships_the_layer_for_arm64_precompiled(tmp_path: Path) -> None
     assert list((layer / "pydantic_core").glob("*.cpython-312-aarch64-linux-gnu.so")), "not built for arm64"
     assert not (layer / "anthropic").exists() and not (layer / "aioboto3").exists()
     for resource in FUNCTIONS:
-        assert (build / resource / "handler.py").is_file()
+        if resource == WEB_ADAPTER:
+            assert os.access(build / resource / "run.sh", os.X_OK)
+            assert (build / resource / "uvicorn" / "__init__.py").is_file()
+        else:
+            assert (build / resource / "handler.py").is_file()
 
 
 # ------------------------------------------------------------------------------------------ state
@@ -288,16 +299,26 @@ def test_function_is_small_arm64_python312(name: str) -> None:
     parameters = _template()["Parameters"]
     assert function["Runtime"] == "python3.12"
     assert function["Architectures"] == ["arm64"]
-    assert function["Handler"] == "handler.handler"
     assert function["CodeUri"].rstrip("/") == f"functions/{FUNCTIONS[name]}"
-    assert function["Layers"] == [{"Ref": "AgentVMLayer"}]
+    if name == WEB_ADAPTER:
+        assert function["Handler"] == "run.sh"
+        assert function["Layers"][0] == {"Ref": "AgentVMLayer"} and len(function["Layers"]) == 2
+        assert _text(function["Layers"][1]).endswith(
+            ":753240598075:layer:LambdaAdapterLayerArm64:${WebAdapterLayerVersion}")
+        variables = function["Environment"]["Variables"]
+        assert (variables["AWS_LAMBDA_EXEC_WRAPPER"], variables["AWS_LWA_INVOKE_MODE"]) == (
+            "/opt/bootstrap", "response_stream")
+        assert function["FunctionUrlConfig"] == {"AuthType": "NONE", "InvokeMode": "RESPONSE_STREAM"}
+    else:
+        assert function["Handler"] == "handler.handler"
+        assert function["Layers"] == [{"Ref": "AgentVMLayer"}]
     memory = function["MemorySize"]
     if isinstance(memory, dict):
         parameter = parameters[memory["Ref"]]
         assert 256 <= parameter["Default"] <= 512 and parameter["MaxValue"] <= 1024
     else:
         assert 256 <= memory <= 512
-    limit = 900 if name == "ChatTurnFunction" else 29
+    limit = 900 if name in TURN_RUNNERS else 29
     assert 1 <= function["Timeout"] <= limit
     for key in ("VpcConfig", "ProvisionedConcurrencyConfig", "FileSystemConfigs", "Tracing", "DeploymentPreference"):
         assert key not in function, f"{name}: {key} costs money while idle or per request"
@@ -306,6 +327,13 @@ def test_function_is_small_arm64_python312(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_function_code_folder_exists(name: str) -> None:
+    if name == WEB_ADAPTER:
+        folder = ROOT / "functions" / FUNCTIONS[name]
+        script = folder / "run.sh"
+        assert script.is_file() and os.access(script, os.X_OK), f"{script.relative_to(ROOT)} is not executable"
+        assert "agentvm.cloud.stream_app:create_stream_app" in script.read_text(encoding="utf-8")
+        assert f"build-{name}:" in (folder / "Makefile").read_text(encoding="utf-8")
+        return
     handler = ROOT / "functions" / FUNCTIONS[name] / "handler.py"
     assert handler.is_file(), f"template.yaml points {name} at {handler.relative_to(ROOT)}, which does not exist"
     assert re.search(r"^(async )?def handler\(|^handler\s*=", handler.read_text(encoding="utf-8"), re.M), (
@@ -487,7 +515,7 @@ def test_policies_are_least_privilege(name: str) -> None:
 def test_manage_connections_is_scoped_to_this_websocket_api() -> None:
     callers = {name for name in FUNCTIONS if _allowed(name, "execute-api:ManageConnections")}
     # ws_connect cannot post (API Gateway refuses before $connect returns); the HTTP API never pushes.
-    assert callers == {"WsDefaultFunction", "ChatTurnFunction"}
+    assert callers == {"WsDefaultFunction", "ChatTurnFunction", "ChatStreamFunction"}
     pattern = re.escape(WS_API_ARN_PREFIX) + r"(\$\{WebSocketStageName\}|\*)/(POST|GET|DELETE)/@connections/\*"
     for name in callers:
         for statement in _allowed(name, "execute-api:ManageConnections"):
@@ -507,7 +535,7 @@ def test_only_ws_default_may_invoke_chat_turn() -> None:
 
 def test_llm_secret_and_config_are_readable_only_where_needed() -> None:
     readers = {name for name in FUNCTIONS if _allowed(name, "secretsmanager:GetSecretValue")}
-    assert readers <= {"ChatTurnFunction", "HttpApiFunction"}
+    assert readers <= {"ChatTurnFunction", "HttpApiFunction", "ChatStreamFunction"}
     assert "ChatTurnFunction" in readers
     for name in readers:
         for statement in _resource(name)["Properties"]["Policies"][0]["Statement"]:
