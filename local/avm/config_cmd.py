@@ -10,23 +10,20 @@ from typing import Any
 
 import httpx
 
-from agentvm.config import ClientSettings
 from agentvm.management import ManagementClient, ManagementError, http_base
+from avm.server_args import add_action, add_server_options
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    env = ClientSettings()
     p = sub.add_parser("config", help="read or change the server's configuration")
-    p.add_argument("--url", default=env.url, help="the server (its ws:// URL or http:// base; default: $AVM_URL)")
-    p.add_argument("--token", default=env.token.get_secret_value() if env.token else None,
-                   help="API key (default: $AVM_TOKEN)")
+    add_server_options(p)
     actions = p.add_subparsers(dest="config_command", required=True)
-    g = actions.add_parser("get", help="every key, or one, with its value and where it comes from")
+    g = add_action(actions, "get", help="every key, or one, with its value and where it comes from")
     g.add_argument("key", nargs="?")
-    s = actions.add_parser("set", help="set a key (VALUE is JSON, or a plain string)")
+    s = add_action(actions, "set", help="set a key (VALUE is JSON, or a plain string)")
     s.add_argument("key")
     s.add_argument("value")
-    u = actions.add_parser("unset", help="remove a key set with `set` (the lower layers apply again)")
+    u = add_action(actions, "unset", help="remove a key set with `set` (the lower layers apply again)")
     u.add_argument("key")
 
 

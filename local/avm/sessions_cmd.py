@@ -14,23 +14,20 @@ from typing import TextIO
 
 import httpx
 
-from agentvm.config import ClientSettings
 from agentvm.management import ManagementClient, ManagementError, http_base
+from avm.server_args import add_action, add_server_options
 
 BAR_MIN_BYTES = 1024 * 1024  # smaller archives move too fast for a bar to say anything
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    env = ClientSettings()
     p = sub.add_parser("sessions", help="export a session as a portable archive, or import one")
-    p.add_argument("--url", default=env.url, help="the server (its ws:// URL or http:// base; default: $AVM_URL)")
-    p.add_argument("--token", default=env.token.get_secret_value() if env.token else None,
-                   help="API key (default: $AVM_TOKEN)")
+    add_server_options(p)
     actions = p.add_subparsers(dest="sessions_command", required=True)
-    e = actions.add_parser("export", help="write a session (image snapshot, messages, turns, usage) as JSON")
+    e = add_action(actions, "export", help="write a session (image snapshot, messages, turns, usage) as JSON")
     e.add_argument("session_id", metavar="SESSION_ID")
     e.add_argument("--out", "-o", type=Path, help="the file to write (default: standard output)")
-    i = actions.add_parser("import", help="restore an archive into a container (a new image and session)")
+    i = add_action(actions, "import", help="restore an archive into a container (a new image and session)")
     i.add_argument("file", metavar="FILE", help="the archive ('-': standard input)")
     i.add_argument("--container", "-c", required=True, help="the container to restore into (created if needed)")
 
@@ -118,5 +115,9 @@ async def run_sessions(args: argparse.Namespace) -> int:
             bar.close()
             return _fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
     print(f"imported session {done['sessionId']} (image {done['imageId']}, container {done['containerId']}): "
-          f"{done['messages']} messages, {done['turns']} turns")
+          f"{_count(done['messages'], 'message')}, {_count(done['turns'], 'turn')}")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -361,6 +361,13 @@ async def test_avm_sessions_export_and_import(srv: InProcess, tmp_path: Path,
         1, "", f"avm sessions: {tmp_path / 'none.json'}: No such file or directory\n")
     assert await asyncio.to_thread(avm, "export", "sess_nope") == (
         1, "", "avm sessions: Session not found: sess_nope\n")
+    # --url (and --token) also after the action, where users type them
+    after = await asyncio.to_thread(cli.main, ["sessions", "export", sid, "--url", srv.url, "--out", str(path)])
+    assert after == 0 and path.stat().st_size > 0
+    capsys.readouterr()
+    nowhere = await asyncio.to_thread(cli.main, ["sessions", "--url", "http://127.0.0.1:9", "export", sid,
+                                                 "--url", srv.url, "--out", str(path)])
+    assert nowhere == 0  # the action's --url wins
 
 
 async def test_big_archives_stream_with_progress(srv: InProcess) -> None:
