@@ -14,6 +14,7 @@ from agentvm.cloud.runtime import loop, runtime
 from agentvm.domain.models import Principal
 from agentvm.errors import Forbidden, NotConfigured
 from agentvm.services.config import ConfigService
+from agentvm.services.keys import Caller, KeyService
 from agentvm.services.resources import ResourceService
 
 
@@ -31,6 +32,17 @@ async def _admin(request: Request) -> Principal:
     return Principal(key.tenant_id, key.key_id)
 
 
+async def _key_caller(request: Request) -> Caller:
+    rt = await runtime().ready()
+    key = await rt.authenticator.authenticate_key(extract_token(request.headers, None))
+    return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
+
+
+def _keys() -> KeyService:
+    rt = runtime()
+    return KeyService(rt.key_store, rt.authenticator)
+
+
 def _resources() -> ResourceService:
     return ResourceService(runtime().store)  # a thin object over the environment's store
 
@@ -43,7 +55,7 @@ def _config() -> ConfigService:
 
 
 _asgi = Mangum(create_app(api=HttpApi(resources=_resources, principal_for=_principal, config=_config,
-                                      admin_for=_admin)), lifespan="off")
+                                      admin_for=_admin, keys=_keys, key_caller=_key_caller)), lifespan="off")
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -22,15 +22,18 @@ from agentvm.adapters.local.local_disk import LocalDisk
 from agentvm.adapters.local.local_env import EnvLLMProvider, ProcessEnv
 from agentvm.adapters.local.local_process import LocalProcessRunner
 from agentvm.adapters.local.sqlite_config import SqliteConfigStore
+from agentvm.adapters.local.sqlite_keys import SqliteKeys
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
 from agentvm.adapters.local.ws_hub import LocalHub
 from agentvm.api.http_app import HttpApi, create_app
 from agentvm.api.ws_router import CommandRouter
+from agentvm.auth.api_keys import ApiKey, Authenticator, extract_token
 from agentvm.config import Settings
 from agentvm.domain.models import DEFAULT_TENANT, Principal
 from agentvm.drivers.scripted import ScriptedDriver
 from agentvm.engine.runner import EngineOptions
+from agentvm.errors import Forbidden
 from agentvm.ids import now_ms
 from agentvm.ports import Driver
 from agentvm.sandbox.limits import Limits
@@ -39,6 +42,7 @@ from agentvm.services.bundle import Services
 from agentvm.services.chat import ChatService
 from agentvm.services.config import ConfigService, from_settings
 from agentvm.services.deps import Deps
+from agentvm.services.keys import Caller, KeyService
 from agentvm.services.recovery import recover_unfinished_turns
 from agentvm.services.sessions import SessionRegistry
 from agentvm.tools.catalog import StdioSchemas, ToolCatalog
@@ -63,6 +67,13 @@ def build_driver(settings: Settings) -> Driver:
     if settings.script_path is not None:
         return ScriptedDriver.from_file(settings.script_path)
     return ScriptedDriver()
+
+
+def auth_mode(settings: Settings) -> str:
+    """`keys` or `open`: `auto` is open on a loopback address only."""
+    if settings.auth != "auto":
+        return settings.auth
+    return "open" if is_loopback(settings.host) else "keys"
 
 
 def is_loopback(host: str) -> bool:
@@ -118,10 +129,14 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     services = Services(deps, sessions)
     router = CommandRouter(services, hub)
     open_principal = Principal(DEFAULT_TENANT)
+    keys = SqliteKeys(store)
+    authenticator = Authenticator(keys, cache_s=5.0)
+    keyed = auth_mode(settings) == "keys"
 
-    def principal_for(_ws: WebSocket) -> Principal:
-        # Open single-tenant mode: loopback only, no keys (architecture §5.3).
-        return open_principal
+    async def principal_for(ws: WebSocket) -> Principal:
+        if not keyed:  # the open single-tenant mode: loopback only (architecture §5.3)
+            return open_principal
+        return await authenticator.authenticate(extract_token(ws.headers, ws.query_params))
 
     endpoint = WebSocketEndpoint(hub=hub, router=router, principal_for=principal_for,
                                  max_queue=settings.send_queue_max, wrap=settings.reliable_wrapper)
@@ -142,12 +157,33 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
             await mcp.close()
             await store.close()
 
-    async def http_principal(_request: Request) -> Principal:
-        return open_principal  # the open local mode, as on the WebSocket (keys: issue 7)
+    async def http_key(request: Request) -> ApiKey | None:
+        # the header only: a key in a URL ends up in access logs
+        return await authenticator.authenticate_key(extract_token(request.headers, None)) if keyed else None
+
+    async def http_principal(request: Request) -> Principal:
+        key = await http_key(request)
+        return open_principal if key is None else Principal(key.tenant_id, key.key_id)
+
+    async def http_admin(request: Request) -> Principal:
+        key = await http_key(request)
+        if key is not None and "admin" not in key.scopes:
+            raise Forbidden("This needs an admin key")
+        return open_principal if key is None else Principal(key.tenant_id, key.key_id)
+
+    async def key_caller(request: Request) -> Caller:
+        key = await http_key(request)
+        if key is None:
+            return Caller(DEFAULT_TENANT, admin=True)  # the open mode's operator
+        return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
+
+    key_service = KeyService(keys, authenticator)
 
     chat = ChatService(services, HubFeeds(hub, sessions, max_queue=settings.send_queue_max))
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
                                                      principal_for=http_principal, config=lambda: config,
+                                                     admin_for=http_admin, keys=lambda: key_service,
+                                                     key_caller=key_caller,
                                                      services=lambda: services, chat=lambda: chat,
                                                      probe=lambda: store.last_seq("health", "health"),
                                                      archive_max_bytes=settings.archive_max_bytes))

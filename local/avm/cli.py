@@ -37,16 +37,23 @@ def _settings_from(args: argparse.Namespace) -> object:
 async def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from agentvm.adapters.local.sqlite_keys import usable_keys
     from agentvm.config import Settings
+    from agentvm.ids import now_ms
     from agentvm.logs import setup_logging
-    from avm.app import banner, build_runtime, is_loopback, uvicorn_config
+    from avm.app import auth_mode, banner, build_runtime, is_loopback, uvicorn_config
 
     settings = _settings_from(args)
     assert isinstance(settings, Settings)
     setup_logging(settings.log_level)
-    if not is_loopback(settings.host):
+    if auth_mode(settings) == "open" and not is_loopback(settings.host):
+        print(f"avm serve: refusing to listen on {settings.host} without API keys (AVM_AUTH=open is for "
+              "loopback addresses only)", file=sys.stderr)
+        return 2
+    if auth_mode(settings) == "keys" and usable_keys(settings.database_path(), now_ms()) == 0:
         print(f"avm serve: refusing to listen on {settings.host}: a public address requires API keys, and "
-              "none are configured. Bind 127.0.0.1 (the default) for the open local mode.", file=sys.stderr)
+              f"none are configured. Create one with `avm keys create --tenant <name> --scope admin --data-dir "
+              f"{settings.data_dir}`, or bind 127.0.0.1 (the default) for the open local mode.", file=sys.stderr)
         return 2
     rt = build_runtime(settings)
     config = uvicorn_config(rt)

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     send_queue_max: int = Field(10_000, ge=16, description=(
         "Frames queued for one connection before it is closed as too slow."))
     ping_interval_s: float = Field(30.0, gt=0, description="WebSocket ping interval.")
+    auth: Literal["auto", "keys", "open"] = Field("auto", description=(
+        "Who may use `avm serve`: `keys` (an API key on every request and connection), `open` (no keys: "
+        "loopback only), `auto` (open on a loopback address, keys on any other)."))
     auth_timeout_s: float = Field(5.0, gt=0, description="Deadline for a first `auth` frame when required.")
     event_retention_hours: int = Field(48, ge=24, description="How long the session event log is kept.")
     max_tool_iterations: int = Field(25, ge=1, description="LLM calls allowed in one turn.")

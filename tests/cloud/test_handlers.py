@@ -175,13 +175,28 @@ def test_avm_keys_create_issues_a_key_that_connect_accepts(cloud: cloud_runtime.
     assert key.name == "ci" and key.scopes == ("user",) and token not in repr(key)
 
 
-def test_avm_keys_create_names_a_missing_table(monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from avm.cli import main
+def test_http_api_manages_a_tenants_keys_with_an_admin_key(cloud: cloud_runtime.CloudRuntime) -> None:
+    keys = DynamoDBKeys(cloud.store)
+    admin_key, admin = new_key("acme", ("admin",))
+    user_key, user = new_key("acme")
+    other_key, other = new_key("bob", ("admin",))
+    for record in (admin_key, user_key, other_key):
+        cloud_runtime.run(keys.put_key(record))
+    api = load_handler("http_api")
 
-    monkeypatch.delenv("AVM_TABLE_NAME", raising=False)
-    assert main(["keys", "create", "--tenant", "acme"]) == 2
-    assert "--table: required" in capsys.readouterr().err
+    def call(method: str, path: str, token: str, body: Any = None) -> tuple[int, Any]:
+        response = api.handler(http_event(method, path, token=token, body=body), None)
+        return response["statusCode"], json.loads(response["body"]) if response.get("body") else None
+
+    status, created = call("POST", "/v1/auth/keys", admin, {"scopes": ["user"], "name": "app"})
+    assert status == 201 and created["tenantId"] == "acme" and created["token"].startswith(created["keyId"])
+    status, listed = call("GET", "/v1/auth/keys", admin)
+    assert sorted(k["keyId"] for k in listed["items"]) == sorted([admin_key.key_id, user_key.key_id,
+                                                                  created["keyId"]])
+    assert call("POST", "/v1/auth/keys", user, {})[0] == 403
+    assert call("DELETE", f"/v1/auth/keys/{created['keyId']}", other)[0] == 404  # bob's admin: not acme's key
+    assert call("DELETE", f"/v1/auth/keys/{created['keyId']}", admin)[0] == 204
+    assert call("GET", "/v1/auth/keys", created["token"])[0] == 401
 
 
 def http_event(method: str, path: str, *, token: str | None = None, body: Any = None,

@@ -28,6 +28,7 @@ from agentvm.services.resources import ResourceService
 
 if TYPE_CHECKING:
     from agentvm.services.chat import ChatService
+    from agentvm.services.keys import Caller, KeyService
 
 
 @dataclass(slots=True)
@@ -48,6 +49,9 @@ class HttpApi:
     probe: Callable[[], Awaitable[object]] | None = None
     # the largest session archive /v1/sessions/import accepts (None: AVM_ARCHIVE_MAX_BYTES)
     archive_max_bytes: int | None = None
+    # /v1/auth/keys: the key store's service, and who manages keys (a tenant, admin or not)
+    keys: Callable[[], KeyService] | None = None
+    key_caller: Callable[[Request], Awaitable[Caller]] | None = None
 
 
 def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
@@ -89,6 +93,10 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             app.include_router(sessions_router(api.services, api.principal_for))
         if api.config is not None:
             app.include_router(config_router(api.config, api.admin_for or api.principal_for))
+        if api.keys is not None and api.key_caller is not None:
+            from agentvm.api.keys_http import keys_router
+
+            app.include_router(keys_router(api.keys, api.key_caller))
         if api.chat is not None:
             from agentvm.api.chat_sse import chat_router
 

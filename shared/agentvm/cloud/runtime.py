@@ -105,7 +105,8 @@ class CloudRuntime:
                                    region_name=settings.aws_region)
         self.registry = DynamoDBConnections(self.store)
         self.leases = DynamoDBLeases(self.store)
-        self.authenticator = Authenticator(DynamoDBKeys(self.store))
+        self.key_store = DynamoDBKeys(self.store)
+        self.authenticator = Authenticator(self.key_store)
         self._driver: Driver | None = None
         self._sandbox: Any = None  # the container task's WorkspaceTools (agentvm.worker only)
         self._workspace_disk: Any = None  # and its S3Disk

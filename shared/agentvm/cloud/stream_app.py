@@ -283,6 +283,7 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
     from agentvm.api.http_app import HttpApi, create_app
     from agentvm.cloud import runtime as cloud_runtime
     from agentvm.services.chat import ChatService
+    from agentvm.services.keys import Caller, KeyService
     from agentvm.services.resources import ResourceService
 
     get_runtime = runtime or cloud_runtime.runtime
@@ -326,7 +327,16 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
     async def probe() -> object:
         return await _scope().rt.store.last_seq("health", "health")
 
+    async def key_caller(request: Request) -> Caller:
+        key = await _scope().rt.authenticator.authenticate_key(extract_token(request.headers, None))
+        return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
+
+    def keys() -> KeyService:
+        rt = _scope().rt
+        return KeyService(rt.key_store, rt.authenticator)
+
     app = create_app(api=HttpApi(resources=resources, principal_for=principal_for, config=config,
-                                 admin_for=admin_for, services=services, chat=chat, probe=probe))
+                                 admin_for=admin_for, services=services, chat=chat, probe=probe, keys=keys,
+                                 key_caller=key_caller))
     app.add_middleware(RequestScopes, runtime=get_runtime)
     return app

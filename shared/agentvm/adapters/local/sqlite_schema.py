@@ -173,4 +173,19 @@ MIGRATIONS: list[str] = [
         SELECT pos, text, tenant_id FROM (SELECT pos, tenant_id, avm_searchable_text(body) AS text FROM messages)
         WHERE text <> '';
     """,
+    # 7: API keys of `avm serve` (salted hashes only; docs/tenancy.md).
+    """
+    CREATE TABLE api_keys (
+        key_id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL,
+        salt TEXT NOT NULL,
+        secret_hash TEXT NOT NULL,
+        scopes TEXT NOT NULL,
+        name TEXT,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER,
+        revoked_at INTEGER
+    ) WITHOUT ROWID;
+    CREATE INDEX api_keys_by_tenant ON api_keys (tenant_id, created_at);
+    """,
 ]

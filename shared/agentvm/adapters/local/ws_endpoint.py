@@ -5,23 +5,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from agentvm.adapters.local.ws_hub import OVERFLOW_REASON, Connection, LocalHub
 from agentvm.api.ws_router import CommandRouter
 from agentvm.domain.models import Principal
+from agentvm.errors import Unauthorized
 from agentvm.ids import connection_id
 
 log = logging.getLogger(__name__)
 
 TRY_AGAIN_LATER = 1013
+POLICY_VIOLATION = 1008
 
 
 class WebSocketEndpoint:
-    def __init__(self, *, hub: LocalHub, router: CommandRouter, principal_for: Callable[[WebSocket], Principal],
-                 max_queue: int, wrap: bool = True) -> None:
+    def __init__(self, *, hub: LocalHub, router: CommandRouter,
+                 principal_for: Callable[[WebSocket], Awaitable[Principal]], max_queue: int, wrap: bool = True) -> None:
         self.hub = hub
         self.router = router
         self.principal_for = principal_for
@@ -30,7 +32,12 @@ class WebSocketEndpoint:
         self._inflight: set[asyncio.Task[None]] = set()
 
     async def __call__(self, ws: WebSocket) -> None:
-        principal = self.principal_for(ws)
+        try:
+            principal = await self.principal_for(ws)
+        except Unauthorized as exc:  # refused at the upgrade (HTTP 403), before anything is read
+            log.info("websocket refused", extra={"reason": exc.message})
+            await ws.close(code=POLICY_VIOLATION, reason=exc.message)
+            return
         await ws.accept()
         conn = Connection(connection_id(), principal.tenant_id, max_queue=self.max_queue, wrap=self.wrap)
         self.hub.register(conn)
