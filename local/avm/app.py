@@ -7,7 +7,7 @@ import contextlib
 import functools
 import ipaddress
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import uvicorn
@@ -133,13 +133,18 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     authenticator = Authenticator(keys, cache_s=5.0)
     keyed = auth_mode(settings) == "keys"
 
-    async def principal_for(ws: WebSocket) -> Principal:
+    async def principal_for(ws: WebSocket) -> Principal | None:
         if not keyed:  # the open single-tenant mode: loopback only (architecture §5.3)
             return open_principal
-        return await authenticator.authenticate(extract_token(ws.headers, ws.query_params))
+        token = extract_token(ws.headers, ws.query_params)
+        return None if token is None else await authenticator.authenticate(token)  # None: an `auth` frame next
+
+    async def frame_principal(headers: Mapping[str, str]) -> Principal:
+        return await authenticator.authenticate(extract_token(headers, None))
 
     endpoint = WebSocketEndpoint(hub=hub, router=router, principal_for=principal_for,
-                                 max_queue=settings.send_queue_max, wrap=settings.reliable_wrapper)
+                                 max_queue=settings.send_queue_max, wrap=settings.reliable_wrapper,
+                                 auth_frame=frame_principal, auth_timeout_s=settings.auth_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -52,8 +52,8 @@ async def test_keys_guard_every_request_and_tenants_manage_their_own(tmp_path: P
         assert (await http.get("/v1/images", headers=bearer("avmk_nope.nope"))).status_code == 401
         assert (await http.post("/api/v1/chat/completions", json={"agent_type": "chat_basic", "message": "x"})
                 ).status_code == 401
-        with pytest.raises(InvalidStatus) as refused:
-            async with StockClient(srv.url):
+        with pytest.raises(InvalidStatus) as refused:  # a bad key on the upgrade: refused there
+            async with StockClient(f"{srv.url}?token=avmk_000000000000.nope"):
                 pass
         assert refused.value.response.status_code == 403
 
@@ -116,3 +116,34 @@ async def test_the_open_local_mode_needs_no_key(tmp_path: Path) -> None:
         assert (await http.get("/v1/images")).status_code == 200
         created = await http.post("/v1/auth/keys", json={"scopes": ["admin"]})  # the operator, as tenant local
         assert created.status_code == 201 and created.json()["tenantId"] == "local"
+
+
+async def test_a_browser_authenticates_with_a_first_auth_frame(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import orjson
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    data = tmp_path / "data"
+    _code, out, _ = await asyncio.to_thread(cli, capsys, "keys", "create", "--tenant", "acme", "--data-dir", str(data))
+    token = token_of(out)
+    async with in_process(data, driver=ScriptedDriver(), auth="keys", auth_timeout_s=0.5) as srv:
+        async with connect(srv.url) as ws:  # no header, no ?token=: the first frame authenticates
+            await ws.send(orjson.dumps({"type": "auth", "headers": {"Authorization": f"Bearer {token}"}}).decode())
+            await ws.send(orjson.dumps({"type": "container_list_request", "timestamp": 1,
+                                        "data": {"requestId": "r1"}}).decode())
+            answer = orjson.loads(await ws.recv())
+            answer = orjson.loads(answer["__payload"]) if "__payload" in answer else answer  # the ACK wrapper
+            assert answer["type"] == "container_list_response" and answer["data"]["requestId"] == "r1"
+        for first, reason in [
+            ({"type": "auth", "headers": {"Authorization": "Bearer avmk_000000000000.nope"}}, "Invalid API key"),
+            ({"type": "container_list_request", "data": {"requestId": "r1"}}, "authenticate first"),
+            (None, "no auth frame within 0.5 s"),
+        ]:
+            async with connect(srv.url) as ws:
+                if first is not None:
+                    await ws.send(orjson.dumps(first).decode())
+                with pytest.raises(ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 5)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+                assert closed.value.rcvd.reason.startswith(reason), closed.value.rcvd.reason

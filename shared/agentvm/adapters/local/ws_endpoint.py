@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
+import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from agentvm.adapters.local.ws_hub import OVERFLOW_REASON, Connection, LocalHub
 from agentvm.api.ws_router import CommandRouter
+from agentvm.auth.api_keys import MISSING_TOKEN
 from agentvm.domain.models import Principal
 from agentvm.errors import Unauthorized
 from agentvm.ids import connection_id
@@ -23,10 +25,17 @@ POLICY_VIOLATION = 1008
 
 class WebSocketEndpoint:
     def __init__(self, *, hub: LocalHub, router: CommandRouter,
-                 principal_for: Callable[[WebSocket], Awaitable[Principal]], max_queue: int, wrap: bool = True) -> None:
+                 principal_for: Callable[[WebSocket], Awaitable[Principal | None]], max_queue: int,
+                 wrap: bool = True, auth_frame: Callable[[Mapping[str, str]], Awaitable[Principal]] | None = None,
+                 auth_timeout_s: float = 5.0) -> None:
+        """`principal_for`: the caller of an upgrade; None when it carries no credentials, and then
+        (with `auth_frame`) the first frame must be `{"type": "auth", "headers": {...}}` within
+        `auth_timeout_s` (browsers cannot set headers on an upgrade)."""
         self.hub = hub
         self.router = router
         self.principal_for = principal_for
+        self.auth_frame = auth_frame
+        self.auth_timeout_s = auth_timeout_s
         self.max_queue = max_queue
         self.wrap = wrap
         self._inflight: set[asyncio.Task[None]] = set()
@@ -34,11 +43,17 @@ class WebSocketEndpoint:
     async def __call__(self, ws: WebSocket) -> None:
         try:
             principal = await self.principal_for(ws)
+            if principal is None and self.auth_frame is None:
+                raise Unauthorized(MISSING_TOKEN)
         except Unauthorized as exc:  # refused at the upgrade (HTTP 403), before anything is read
             log.info("websocket refused", extra={"reason": exc.message})
             await ws.close(code=POLICY_VIOLATION, reason=exc.message)
             return
         await ws.accept()
+        if principal is None:
+            principal = await self._authenticate(ws)
+            if principal is None:
+                return
         conn = Connection(connection_id(), principal.tenant_id, max_queue=self.max_queue, wrap=self.wrap)
         self.hub.register(conn)
         loop = asyncio.get_running_loop()
@@ -60,6 +75,31 @@ class WebSocketEndpoint:
             log.warning("closed a connection that stopped reading", extra={"connection_id": conn.id})
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ws.close(code=TRY_AGAIN_LATER, reason=OVERFLOW_REASON), 2)
+
+    async def _authenticate(self, ws: WebSocket) -> Principal | None:
+        """The principal of a first `auth` frame; None (the socket closed with a reason) otherwise.
+        The frame is never echoed or logged: it holds the key."""
+        assert self.auth_frame is not None
+        try:
+            msg = await asyncio.wait_for(ws.receive(), self.auth_timeout_s)
+            if msg["type"] == "websocket.disconnect":
+                return None
+            frame = orjson.loads(msg.get("text") or msg.get("bytes") or b"")
+            headers = frame.get("headers") if isinstance(frame, dict) and frame.get("type") == "auth" else None
+            if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+                raise Unauthorized('authenticate first: {"type": "auth", "headers": {"Authorization": '
+                                   '"Bearer <key>"}} (or the header or ?token= on the upgrade)')
+            return await self.auth_frame(headers)
+        except TimeoutError:
+            reason = f"no auth frame within {self.auth_timeout_s:g} s"
+        except orjson.JSONDecodeError:
+            reason = "authenticate first: the first frame is not JSON"
+        except Unauthorized as exc:
+            reason = exc.message
+        log.info("websocket refused", extra={"reason": reason})
+        with contextlib.suppress(Exception):
+            await ws.close(code=POLICY_VIOLATION, reason=reason[:120])
+        return None
 
     async def _read(self, ws: WebSocket, conn: Connection, principal: Principal) -> None:
         loop = asyncio.get_running_loop()
