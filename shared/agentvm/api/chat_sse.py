@@ -17,7 +17,7 @@ from agentvm.api.sessions_http import turn_wire
 from agentvm.domain.models import Principal, StoredMessage
 from agentvm.errors import InvalidRequest, NotFound, UpstreamError
 from agentvm.protocol.commands import content_not_empty
-from agentvm.protocol.messages import UserContent
+from agentvm.protocol.messages import UserContent, content_wire
 from agentvm.services.chat import HEARTBEAT_S, ChatEvent, ChatService, ChatTurn
 
 JSON = dict[str, Any]
@@ -51,10 +51,6 @@ class ChatRequest(BaseModel):
 
     _not_empty = field_validator("message")(content_not_empty)
 
-    def content(self) -> str | list[JSON]:
-        if isinstance(self.message, str):
-            return self.message
-        return [part.model_dump(by_alias=True, exclude_none=True) for part in self.message]
 
 
 class ExecuteRequest(BaseModel):
@@ -146,7 +142,7 @@ def chat_router(chat: Callable[[], ChatService],
             return streaming(resumed)
         options = body.config.options() if body.config else {}
         turn = await chat().start(p, agent_type=body.agent_type, session_id=body.session_id,
-                                  message=body.content(), options=options, container_id=body.container_id)
+                                  message=content_wire(body.message), options=options, container_id=body.container_id)
         return streaming(turn)
 
     @router.get("/chat/stream", summary="Follow a session's latest turn again (EventSource reconnects)")
@@ -180,9 +176,8 @@ def chat_router(chat: Callable[[], ChatService],
         service = chat()
         if body.session_id is None:
             await service.definition(p, agent_id)  # 404 for an unknown agent before anything is stored
-        content = body.task if isinstance(body.task, str) else [
-            part.model_dump(by_alias=True, exclude_none=True) for part in body.task]
-        turn = await service.start(p, agent_type=agent_id, session_id=body.session_id, message=content,
+        turn = await service.start(p, agent_type=agent_id, session_id=body.session_id,
+                                   message=content_wire(body.task),
                                    options=body.config.options() if body.config else {},
                                    container_id=body.container_id)
         parts: list[str] = []

@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_camel
 from agentvm.api.images_http import image_wire
 from agentvm.domain.models import Image, Principal, Session, Turn
 from agentvm.protocol.commands import content_not_empty
-from agentvm.protocol.messages import UserContent
+from agentvm.protocol.messages import UserContent, content_wire
 from agentvm.services.bundle import Services
 from agentvm.services.session_center import MAX_TITLE_CHARS
 
@@ -97,10 +97,9 @@ def sessions_router(services: Callable[[], Services],
                  summary="Store a user message and queue its turn (durable once answered)")
     async def send(session_id: str, body: NewMessage, p: Caller) -> JSON:
         s = services()
-        _session, image = await s.session_center.with_image(p, session_id)
-        content: str | list[JSON] = (body.content if isinstance(body.content, str) else
-                                     [part.model_dump(by_alias=True, exclude_none=True) for part in body.content])
-        image, agent, turn = await s.turns.send(p, None, image.image_id, None, content, session_id)
+        session = await s.session_center.get(p, session_id)
+        image, agent, turn = await s.turns.send(p, None, session.image_id, None, content_wire(body.content),
+                                                session_id)
         return {"sessionId": image.session_id, "imageId": image.image_id, "agentId": agent.agent_id,
                 "turnId": turn.turn_id, "messageId": turn.user_message_id}
 

@@ -19,6 +19,7 @@ from agentvm.ports import Fanout
 from agentvm.protocol import commands as cmd
 from agentvm.protocol.envelope import classify, encode, event, response
 from agentvm.protocol.events import SystemError
+from agentvm.protocol.messages import content_wire
 from agentvm.services.bundle import Services
 
 log = logging.getLogger(__name__)
@@ -236,10 +237,8 @@ class CommandRouter:
     # ---- turns -------------------------------------------------------------------------------
 
     async def _message_send(self, p: Principal, conn: str, r: cmd.MessageSendRequest) -> cmd.ResponseData:
-        content: str | list[dict[str, Any]] = (
-            r.content if isinstance(r.content, str)
-            else [part.model_dump(by_alias=True, exclude_none=True) for part in r.content])
-        image, agent, _turn = await self.s.turns.send(p, conn, r.image_id, r.agent_id, content, r.session_id)
+        image, agent, _turn = await self.s.turns.send(p, conn, r.image_id, r.agent_id, content_wire(r.content),
+                                                      r.session_id)
         return cmd.MessageSendResponse(request_id=r.request_id, image_id=image.image_id, agent_id=agent.agent_id,
                                        session_id=image.session_id)
 

@@ -35,6 +35,13 @@ UserContentPart = Annotated[TextPart | ImagePart | FilePart, Field(discriminator
 UserContent = Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | list[UserContentPart]
 
 
+def content_wire(content: str | list[Any]) -> str | list[dict[str, Any]]:
+    """Validated user content as stored and sent: the text, or each part's wire dict."""
+    if isinstance(content, str):
+        return content
+    return [part.model_dump(by_alias=True, exclude_none=True) for part in content]
+
+
 class UserMessage(WireModel):
     id: str
     role: Literal["user"] = "user"
