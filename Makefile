@@ -32,7 +32,7 @@ typecheck: $(DEV_STAMP)
 	@# each Lambda handler is its own top-level module `handler`: checked one at a time
 	@for f in functions/*/handler.py; do $(BIN)/mypy $$f || exit 1; done
 
-unit: $(DEV_STAMP) sam-cli bubblewrap
+unit: $(DEV_STAMP) sam-cli bubblewrap focus-validator
 	$(BIN)/pytest -q
 
 test: lint typecheck unit  ## install dev dependencies, lint, type-check and run the whole suite
@@ -43,7 +43,7 @@ bench: $(DEV_STAMP)  ## full benchmarks; results go to docs/benchmarks.md and do
 	$(BIN)/python -m tests.bench.cost_model --counts .bench/aws-calls.json
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FOCUS_VENV) .mypy_cache .ruff_cache .pytest_cache
 
 # --- AWS SAM CLI (template checks and `sam build`) ------------------------------------------------
 # The SAM CLI lives in its own virtualenv: its boto3 pin conflicts with aioboto3's in $(VENV).
@@ -88,6 +88,32 @@ template: $(DEV_STAMP) sam-cli  ## only the template tests (cfn-lint, sam valida
 
 clean-sam:
 	rm -rf $(SAM_VENV) .aws-sam
+
+# --- FOCUS validator (tests/billing validates the FOCUS 1.0 usage export) --------------------------
+# The official focus-validator lives in its own virtualenv: its pandas/pandera/pydantic pins are not ours.
+# 1.0.0 is the newest release that validates FOCUS 1.0 offline (2.x needs Python 3.12, bundles only the
+# FOCUS 1.2 rules and fetches others from GitHub releases). Its pandera 0.17 needs an old multimethod
+# (2.x dropped `overload`).
+# Not best effort: tests/billing fails, with the reason, when the venv is missing.
+FOCUS_VENV ?= .venv-focus
+FOCUS_VALIDATOR_VERSION ?= 1.0.0
+FOCUS_VALIDATOR := $(FOCUS_VENV)/bin/focus-validator
+FOCUS_STAMP := $(FOCUS_VENV)/.focus-validator-$(FOCUS_VALIDATOR_VERSION)
+
+.PHONY: focus-validator clean-focus
+
+$(FOCUS_VALIDATOR): $(FOCUS_STAMP)
+
+$(FOCUS_STAMP):
+	$(PYTHON) -m venv $(FOCUS_VENV)
+	$(FOCUS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FOCUS_VENV)/bin/pip install --quiet focus_validator==$(FOCUS_VALIDATOR_VERSION) 'multimethod<1.11'
+	@rm -f $(FOCUS_VENV)/.focus-validator-*; touch $@
+
+focus-validator: $(FOCUS_VALIDATOR)  ## the FOCUS validator venv .venv-focus (tests/billing needs it)
+
+clean-focus:
+	rm -rf $(FOCUS_VENV)
 
 # --- bubblewrap (the tool sandbox: agentvm/adapters/local/local_process.py) ----------------------
 # Best effort, like sam-cli: `make test` still runs (tests/sandbox then skips the bubblewrap checks

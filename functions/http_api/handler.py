@@ -9,13 +9,16 @@ from mangum import Mangum
 from starlette.requests import Request
 
 from agentvm.api.http_app import HttpApi, create_app
-from agentvm.auth.api_keys import extract_token
+from agentvm.auth.api_keys import extract_token, require_operator
+from agentvm.cloud.observability import Count, observe, status_class
 from agentvm.cloud.runtime import loop, runtime
 from agentvm.domain.models import Principal
-from agentvm.errors import Forbidden, NotConfigured
+from agentvm.errors import NotConfigured
 from agentvm.services.config import ConfigService
 from agentvm.services.keys import Caller, KeyService
 from agentvm.services.resources import ResourceService
+
+obs = observe("http_api")
 
 
 async def _principal(request: Request) -> Principal:
@@ -27,8 +30,7 @@ async def _principal(request: Request) -> Principal:
 async def _admin(request: Request) -> Principal:
     rt = await runtime().ready()
     key = await rt.authenticator.authenticate_key(extract_token(request.headers, None))
-    if "admin" not in key.scopes:
-        raise Forbidden("This needs an admin key: the configuration belongs to the deployment, not to a tenant")
+    require_operator(key)
     return Principal(key.tenant_id, key.key_id)
 
 
@@ -55,9 +57,15 @@ def _config() -> ConfigService:
 
 
 _asgi = Mangum(create_app(api=HttpApi(resources=_resources, principal_for=_principal, config=_config,
-                                      admin_for=_admin, keys=_keys, key_caller=_key_caller)), lifespan="off")
+                                      admin_for=_admin, keys=_keys, key_caller=_key_caller,
+                                      billing=lambda: runtime().billing, turn_log=lambda: runtime().store)),
+                lifespan="off")
 
 
+@obs.handler
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     loop()  # the environment's loop, shared with the runtime's clients
-    return _asgi(event, context)
+    response = _asgi(event, context)
+    # by status class only: a path holds ids, a route template would add a dimension per route
+    obs.metric("Requests", Count, 1, status_class=status_class(response.get("statusCode")))
+    return response

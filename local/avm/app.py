@@ -24,25 +24,28 @@ from agentvm.adapters.local.local_process import LocalProcessRunner
 from agentvm.adapters.local.sqlite_config import SqliteConfigStore
 from agentvm.adapters.local.sqlite_keys import SqliteKeys
 from agentvm.adapters.local.sqlite_store import SqliteStore
+from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
 from agentvm.adapters.local.ws_hub import LocalHub
 from agentvm.api.http_app import HttpApi, create_app
 from agentvm.api.ws_router import CommandRouter
-from agentvm.auth.api_keys import ApiKey, Authenticator, extract_token
+from agentvm.auth.api_keys import ApiKey, Authenticator, extract_token, require_operator
 from agentvm.config import Settings
 from agentvm.domain.models import DEFAULT_TENANT, Principal
 from agentvm.drivers.scripted import ScriptedDriver
 from agentvm.engine.runner import EngineOptions
-from agentvm.errors import Forbidden
 from agentvm.ids import now_ms
 from agentvm.ports import Driver
 from agentvm.sandbox.limits import Limits
 from agentvm.sandbox.uids import ToolUids
+from agentvm.services.billing import BillingService
 from agentvm.services.bundle import Services
 from agentvm.services.chat import ChatService
 from agentvm.services.config import ConfigService, from_settings
 from agentvm.services.deps import Deps
 from agentvm.services.keys import Caller, KeyService
+from agentvm.services.metering import Meter
+from agentvm.services.metrics import TurnMetrics
 from agentvm.services.recovery import recover_unfinished_turns
 from agentvm.services.sessions import SessionRegistry
 from agentvm.tools.catalog import StdioSchemas, ToolCatalog
@@ -120,11 +123,15 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
                                                 store=store, http_allow_private=settings.http_tools_allow_private))
     config = from_settings(settings, SqliteConfigStore(store), ProcessEnv(),
                            file=settings.config_file or settings.data_dir / "config.yaml")
+    # turn metrics (docs/observability.md); `sessions` is built below, before anything reads the gauge
+    metrics = TurnMetrics(connections=hub.per_tenant, containers=lambda: sessions.active_containers())
+    ledger = SqliteUsageLedger(store)
+    meter = Meter(ledger, budget_cache_s=5.0)
     deps = Deps(store=store, fanout=hub, driver=drv, options=options,
                 tools=ToolCatalog(pool=mcp, stdio=stdio, store=store,
                                   http_allow_private=settings.http_tools_allow_private),
                 container_tier=sandbox, sandbox_tools=sandbox,
-                turn_options=config)
+                turn_options=config, turn_observer=metrics.observe_turn, meter=meter)
     sessions = SessionRegistry(deps)
     services = Services(deps, sessions)
     router = CommandRouter(services, hub)
@@ -172,8 +179,8 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
 
     async def http_admin(request: Request) -> Principal:
         key = await http_key(request)
-        if key is not None and "admin" not in key.scopes:
-            raise Forbidden("This needs an admin key")
+        if key is not None:
+            require_operator(key)
         return open_principal if key is None else Principal(key.tenant_id, key.key_id)
 
     async def key_caller(request: Request) -> Caller:
@@ -183,15 +190,17 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
         return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
 
     key_service = KeyService(keys, authenticator)
+    billing = BillingService(ledger, keys, meter)
 
     chat = ChatService(services, HubFeeds(hub, sessions, max_queue=settings.send_queue_max))
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
                                                      principal_for=http_principal, config=lambda: config,
                                                      admin_for=http_admin, keys=lambda: key_service,
-                                                     key_caller=key_caller,
+                                                     key_caller=key_caller, billing=lambda: billing,
                                                      services=lambda: services, chat=lambda: chat,
                                                      probe=lambda: store.last_seq("health", "health"),
-                                                     archive_max_bytes=settings.archive_max_bytes))
+                                                     archive_max_bytes=settings.archive_max_bytes,
+                                                     metrics=lambda: metrics, turn_log=lambda: store))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
     runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config)

@@ -45,7 +45,8 @@ async def _serve(args: argparse.Namespace) -> int:
 
     settings = _settings_from(args)
     assert isinstance(settings, Settings)
-    setup_logging(settings.log_level)
+    # JSON lines to stderr and to <data_dir>/logs/avm.log (10 MB, 5 old files kept; docs/observability.md)
+    setup_logging(settings.log_level, log_file=settings.data_dir / "logs" / "avm.log")
     if auth_mode(settings) == "open" and not is_loopback(settings.host):
         print(f"avm serve: refusing to listen on {settings.host} without API keys (AVM_AUTH=open is for "
               "loopback addresses only)", file=sys.stderr)
@@ -90,12 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"avm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    from avm import chat, config_cmd, keys, sessions_cmd
+    from avm import chat, config_cmd, keys, sessions_cmd, usage_cmd
 
     chat.register(sub)
     keys.register(sub)
     config_cmd.register(sub)
     sessions_cmd.register(sub)
+    usage_cmd.register(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
@@ -108,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(config_cmd.run_config, args)
         if args.command == "sessions":
             return _run(sessions_cmd.run_sessions, args)
+        if args.command == "usage":
+            return _run(usage_cmd.run_usage, args)
+        if args.command == "budgets":
+            return _run(usage_cmd.run_budgets, args)
     except KeyboardInterrupt:
         return 130
     except ValidationError as exc:

@@ -9,17 +9,11 @@ Keys are stored only as salted hashes; the token is printed once.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from agentvm.errors import InvalidRequest
-
-if TYPE_CHECKING:
-    from agentvm.ports import KeyStore
+from avm.deployment import add_target_args, open_deployment
 
 DAY_MS = 86_400_000
 
@@ -29,7 +23,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     actions = p.add_subparsers(dest="keys_command", required=True)
     c = actions.add_parser("create", help="issue a key; the token is shown once")
     c.add_argument("--tenant", required=True, help="tenant the key belongs to")
-    c.add_argument("--scope", action="append", choices=["user", "admin"], help="repeatable; default: user")
+    c.add_argument("--scope", action="append", choices=["user", "admin", "operator"],
+                   help="repeatable; default: user. operator: the deployment's configuration and /metrics")
     c.add_argument("--name", help="a label to recognise the key by")
     c.add_argument("--expires-days", type=int, help="expire after this many days (default: never)")
     ls = actions.add_parser("list", help="a tenant's keys (no secrets)")
@@ -38,42 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--tenant", required=True)
     r.add_argument("key_id", metavar="KEY_ID")
     for action in (c, ls, r):
-        action.add_argument("--table", help="a cloud deployment's DynamoDB table (default: $AVM_TABLE_NAME; stack "
-                                            "output TableName); without it, the local database")
-        action.add_argument("--data-dir", type=Path, help="avm serve's data directory (default: $AVM_DATA_DIR)")
-
-
-@contextlib.asynccontextmanager
-async def _key_store(args: argparse.Namespace) -> AsyncIterator[tuple[KeyStore, str]]:
-    from agentvm.config import Settings
-
-    settings = Settings()
-    table = args.table or settings.table_name
-    if table:
-        try:
-            from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
-            from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
-        except ImportError:
-            raise InvalidRequest("the AWS client libraries are missing: pip install 'agentvm[aws]'",
-                                 field="table") from None
-        store = DynamoDBStore(table, endpoint_url=settings.aws_endpoint_url, region_name=settings.aws_region)
-        await store.open()
-        try:
-            yield DynamoDBKeys(store), "cloud"
-        finally:
-            await store.close()
-        return
-    from agentvm.adapters.local.sqlite_keys import SqliteKeys
-    from agentvm.adapters.local.sqlite_store import SqliteStore
-
-    data_dir = args.data_dir or settings.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
-    local = SqliteStore(data_dir / "agentvm.db")
-    await local.open()
-    try:
-        yield SqliteKeys(local), "local"
-    finally:
-        await local.close()
+        add_target_args(action)
 
 
 async def run_keys(args: argparse.Namespace) -> int:
@@ -83,7 +43,8 @@ async def run_keys(args: argparse.Namespace) -> int:
     now = int(time.time() * 1000)
     if args.keys_command == "create" and args.expires_days is not None and args.expires_days <= 0:
         raise InvalidRequest("keys create: --expires-days: must be a positive number of days", field="expires_days")
-    async with _key_store(args) as (keys, where):
+    async with open_deployment(args) as deployment:
+        keys, where = deployment.keys, deployment.where
         if args.keys_command == "create":
             expires = None if args.expires_days is None else now + args.expires_days * DAY_MS
             key, token = new_key(args.tenant, tuple(args.scope or ["user"]), name=args.name, expires_at=expires)

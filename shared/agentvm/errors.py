@@ -45,6 +45,11 @@ class QuotaExceeded(AgentVMError):
     http_status = 429
 
 
+class RateLimited(AgentVMError):
+    code = "rate_limited"
+    http_status = 429
+
+
 class NotConfigured(AgentVMError):
     """The deployment lacks a setting this request needs."""
 

@@ -22,17 +22,26 @@ class ModelPrice:
     cache_read: Decimal
 
 
-# Anthropic list prices, taken from the public pricing page on 2026-11-01 (USD per million tokens).
-# Cache write is the 5-minute cache write price.
+# Anthropic list prices, taken from the public pricing page (https://www.anthropic.com/pricing, the
+# API table) on 2026-11-01, USD per million tokens. Cache write is the 5-minute cache write price
+# (1.25 × input); cache read is 0.1 × input. Keys are model-name prefixes: the longest match wins.
 PRICES_TAKEN_ON = "2026-11-01"
 DEFAULT_PRICES: dict[str, ModelPrice] = {
     "claude-opus-4": ModelPrice(Decimal("15"), Decimal("75"), Decimal("18.75"), Decimal("1.50")),
+    "claude-opus-4-5": ModelPrice(Decimal("5"), Decimal("25"), Decimal("6.25"), Decimal("0.50")),
+    "claude-opus-4-6": ModelPrice(Decimal("5"), Decimal("25"), Decimal("6.25"), Decimal("0.50")),
     "claude-sonnet-4": ModelPrice(Decimal("3"), Decimal("15"), Decimal("3.75"), Decimal("0.30")),
     "claude-haiku-4": ModelPrice(Decimal("1"), Decimal("5"), Decimal("1.25"), Decimal("0.10")),
     "claude-3-5-haiku": ModelPrice(Decimal("0.80"), Decimal("4"), Decimal("1"), Decimal("0.08")),
+    "claude-3-haiku": ModelPrice(Decimal("0.25"), Decimal("1.25"), Decimal("0.30"), Decimal("0.03")),
     "scripted": ModelPrice(Decimal("0"), Decimal("0"), Decimal("0"), Decimal("0")),
 }
 DEFAULT_MARKUP = Decimal("1.05")
+
+
+def prices_wire(table: dict[str, ModelPrice]) -> dict[str, dict[str, str]]:
+    return {model: {"input": str(p.input), "output": str(p.output), "cacheWrite": str(p.cache_write),
+                    "cacheRead": str(p.cache_read)} for model, p in table.items()}
 
 
 def price_for(model: str, prices: dict[str, ModelPrice] | None = None) -> ModelPrice:

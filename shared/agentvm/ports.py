@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,6 +25,7 @@ from agentvm.domain.models import (
     Subscription,
     Turn,
 )
+from agentvm.domain.usage import Budget, Spend, UsageRecord
 from agentvm.drivers.base import DriverEvent, LLMRequest
 
 if TYPE_CHECKING:  # types only: importing ports does not load the sandbox package (and no import cycle)
@@ -352,6 +354,63 @@ class KeyStore(Protocol):
 
     async def revoke_key(self, tenant_id: str, key_id: str, at_ms: int) -> bool:
         """Mark the key revoked (a second revocation keeps the first time); False when absent."""
+        ...
+
+
+class UsageLedger(Protocol):
+    """The usage records, the budgets, each budget's monthly counters and the rate windows.
+
+    A budget's month (`period`, "2026-11") has two counters: `spent` (settled billed cost) and
+    `reserved` (held by model calls under way). A call holds its worst case first (`reserve`) and
+    moves its real cost from reserved to spent when it ends (`settle`), so concurrent calls of one
+    tenant can never take spent past the budget. Tenants are isolated: every method is scoped by
+    tenant. Key budgets use the key's id; the tenant's own budget has `key_id` None."""
+
+    async def put_budget(self, budget: Budget) -> None:
+        """Create or replace the budget of `budget.tenant_id` / `budget.key_id`."""
+        ...
+
+    async def delete_budget(self, tenant_id: str, key_id: str | None) -> bool:
+        """Remove the budget (its counters stay); False when there was none."""
+        ...
+
+    async def list_budgets(self, tenant_id: str) -> list[Budget]:
+        """The tenant's budget (if any) first, then its keys' budgets by key id."""
+        ...
+
+    async def reserve(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
+                      tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
+        """Atomically add `amount` to `reserved` of the tenant's counter (and the key's, when `key_cap`
+        is set) unless that takes spent + reserved past a cap. None when held; else which limit
+        refused, "tenant" or "key", and nothing is held. No cap at all: nothing is written."""
+        ...
+
+    async def settle(self, record: UsageRecord, *, reserved: Decimal, reserved_period: str,
+                     key_held: bool) -> bool:
+        """Write the record once (by tenant and `record_id`) and, in the same transaction, release
+        `reserved` from the tenant's counter of `reserved_period` (and the key's, when `key_held`) and add
+        `record.billed_cost` to spent of the record's own period, for the tenant and, when the record has
+        a key, the key. False, with nothing changed, when the record already exists."""
+        ...
+
+    async def release(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
+                      key_held: bool) -> None:
+        """Drop a hold that no call used (the call never started)."""
+        ...
+
+    async def spend(self, tenant_id: str, key_id: str | None, period: str) -> Spend:
+        """The counters of a month (zero when none)."""
+        ...
+
+    async def admit(self, tenant_id: str, key_id: str | None, minute: int, *, tenant_limit: int | None,
+                    key_limit: int | None) -> str | None:
+        """Count one request in the minute's window of the tenant (and of the key, when `key_limit` is
+        set) unless a window is full: None when admitted, else "tenant" or "key" (nothing counted)."""
+        ...
+
+    async def list_usage(self, tenant_id: str | None, *, since_ms: int, until_ms: int) -> list[UsageRecord]:
+        """Records with since_ms <= ended_at < until_ms, oldest first (then by record id); every
+        tenant's when `tenant_id` is None (the operator's export)."""
         ...
 
 

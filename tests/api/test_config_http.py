@@ -69,7 +69,8 @@ async def test_an_invalid_update_is_refused_and_changes_nothing(srv: InProcess) 
             ("defaults.markup", "0.5", 400, "defaults.markup: must be from 1 to 10 (a price multiplier)"),
             ("llm.baseUrl", "ftp://x", 400, "llm.baseUrl: must be an http(s) URL"),
             ("no.such.key", 1, 404, "Unknown config key: no.such.key (known: llm.model, llm.maxTokens, llm.apiKey, "
-             "llm.baseUrl, system.maxToolIterations, system.streamFlushMs, system.streamMaxFlushMs, defaults.markup)"),
+             "llm.baseUrl, system.maxToolIterations, system.streamFlushMs, system.streamMaxFlushMs, defaults.markup, "
+             "billing.prices)"),
         ]
         for key, value, status, message in cases:
             res = await http.put(f"/v1/config/{key}", json={"value": value})
@@ -110,7 +111,7 @@ async def test_avm_config_commands(srv: InProcess, capsys: pytest.CaptureFixture
     code, _, err = await asyncio.to_thread(avm, "set", "llm.maxTokens", "0")
     assert (code, err) == (1, "avm config: llm.maxTokens: must be an integer from 1 to 200000\n")
     code, out, _ = await asyncio.to_thread(avm, "get")
-    assert code == 0 and SECRET not in out and len(out.splitlines()) == 8
+    assert code == 0 and SECRET not in out and len(out.splitlines()) == 9
 
 
 def test_a_bad_config_file_stops_avm_serve_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -121,7 +122,7 @@ def test_a_bad_config_file_stops_avm_serve_with_one_line(tmp_path: Path, capsys:
             ("llm:\n  maxTokens: lots\n", "llm.maxTokens: must be an integer from 1 to 200000"),
             ("llm:\n  apiKey: ${NOT_SET_ANYWHERE}\n", "llm.apiKey: ${NOT_SET_ANYWHERE} is not set in the environment"),
             ("llm:\n  colour: blue\n", "llm.colour: unknown key (known: llm.model, "),
-            ("- a list\n", "must be a mapping with llm, system and defaults sections"),
+            ("- a list\n", "must be a mapping with llm, system, defaults and billing sections"),
             ("llm:\n  apiKey: sk-ant-in-the-file: x\n",
              "not valid YAML at line 2, column 29: mapping values are not allowed here")):
         (data / "config.yaml").write_text(text)

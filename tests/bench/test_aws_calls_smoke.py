@@ -28,7 +28,9 @@ def test_quick_run_counts_every_flush_window_and_meets_the_turn_budget(tmp_path:
     for m in data["flush_ms"].values():
         assert m["lambda_invocations"] == {"ws_default": 1, "chat_turn": 1}
         assert m["inbound_frames"] == 1
-        assert m["ddb_write_requests"] <= MAX_WRITE_REQUESTS
+        # the turn's own writes, and one metering write (usage record + spend counter) for its LLM call
+        assert m["ddb_write_requests"] - m["ddb_metering_requests"] <= MAX_WRITE_REQUESTS
+        assert m["ddb_metering_requests"] == 1
         assert m["ddb_write_units"] >= m["ddb_write_requests"]
         assert m["ddb_read_units"] >= 1 and m["post_units_32kb"] >= m["post_to_connection"] > 0
         assert m["other_calls"] == {"lambda.Invoke": 1}

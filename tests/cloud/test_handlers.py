@@ -6,7 +6,6 @@ import json
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +26,6 @@ EVENTS = Path(__file__).parent / "events"
 
 def event(name: str) -> dict[str, Any]:
     return dict(json.loads((EVENTS / f"{name}.json").read_text()))
-
-
-@pytest.fixture
-def cloud(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[cloud_runtime.CloudRuntime]:
-    monkeypatch.setenv("AVM_TABLE_NAME", f"agentvm-{uuid.uuid4().hex[:16]}")
-    monkeypatch.setenv("AVM_AWS_ENDPOINT_URL", moto_endpoint)
-    monkeypatch.setenv("AVM_WS_ENDPOINT", moto_endpoint)  # moto serves the management API too
-    cloud_runtime.reset()
-    rt = cloud_runtime.runtime()
-    cloud_runtime.run(rt.ready())
-    cloud_runtime.run(rt.store.create_table())
-    yield rt
-    cloud_runtime.run(rt.store.close())
-    cloud_runtime.reset()
 
 
 def test_disconnect_removes_the_connection_and_everything_it_subscribed(cloud: cloud_runtime.CloudRuntime) -> None:
@@ -111,12 +96,10 @@ def test_connect_records_the_principal_for_a_valid_key(cloud: cloud_runtime.Clou
     assert before + 2 * 3600 < int(item["expires_at"]["N"]) <= time.time() + 2 * 3600 + 900
 
 
-def test_connect_refuses_missing_wrong_and_revoked_keys(cloud: cloud_runtime.CloudRuntime,
-                                                        api_key: tuple[ApiKey, str]) -> None:
+def test_connect_refuses_wrong_and_revoked_keys_and_holds_a_keyless_one_for_its_auth_frame(
+        cloud: cloud_runtime.CloudRuntime, api_key: tuple[ApiKey, str]) -> None:
     key, token = api_key
     handler = load_handler("ws_connect").handler
-    missing = handler(connect_event(None), None)
-    assert missing["statusCode"] == 401 and "API key required" in missing["body"]
     wrong = handler(connect_event(token[:-4] + "AAAA"), None)
     assert wrong == {"statusCode": 401, "body": "Invalid API key"}
     assert handler(connect_event("not-a-key"), None) == {"statusCode": 401, "body": "Invalid API key"}
@@ -126,7 +109,12 @@ def test_connect_refuses_missing_wrong_and_revoked_keys(cloud: cloud_runtime.Clo
     assert revoked["statusCode"] == 401 and "revoked" in revoked["body"]
     conn = event("ws_connect")["requestContext"]["connectionId"]
     assert cloud_runtime.run(cloud.registry.get_connection(conn)) is None
-    assert token not in json.dumps([missing, wrong, revoked])
+    assert token not in json.dumps([wrong, revoked])
+    # no credentials at all (a browser): accepted, not authenticated until its `auth` frame
+    # (tests/cloud/test_auth_frame.py)
+    assert handler(connect_event(None), None) == {"statusCode": 200}
+    record = cloud_runtime.run(cloud.registry.get_connection(conn))
+    assert record is not None and not record.authenticated and record.tenant_id == ""
 
 
 def posted_frames(connection_id: str) -> list[dict[str, Any]]:
@@ -249,22 +237,24 @@ def test_http_api_serves_the_resource_center_per_tenant(cloud: cloud_runtime.Clo
     assert [i["version"] for i in body["items"]] == ["1.1.0"]
 
 
-def test_http_api_config_needs_an_admin_key_and_lives_in_ssm(cloud: cloud_runtime.CloudRuntime,
+def test_http_api_config_needs_an_operator_key_and_lives_in_ssm(cloud: cloud_runtime.CloudRuntime,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cloud.settings, "config_path", f"/agentvm/test-{uuid.uuid4().hex[:8]}/")
     keys = DynamoDBKeys(cloud.store)
-    admin_key, admin = new_key("ops", ("admin",))
+    admin_key, admin = new_key("ops", ("operator",))
     user_key, user = new_key("alice")
-    cloud_runtime.run(keys.put_key(admin_key))
-    cloud_runtime.run(keys.put_key(user_key))
+    tenant_admin_key, tenant_admin = new_key("alice", ("admin",))
+    for key in (admin_key, user_key, tenant_admin_key):
+        cloud_runtime.run(keys.put_key(key))
     api = load_handler("http_api")
 
     def call(method: str, path: str, token: str | None, body: Any = None) -> tuple[int, Any]:
         response = api.handler(http_event(method, path, token=token, body=body), None)
         return response["statusCode"], json.loads(response["body"])
 
-    status, body = call("PUT", "/v1/config/llm.model", user, {"value": "claude-haiku-4-5"})
-    assert (status, body["error"]["code"]) == (403, "forbidden")
+    for token in (user, tenant_admin):  # the deployment's configuration: no tenant's key, admin or not
+        status, body = call("PUT", "/v1/config/llm.model", token, {"value": "claude-haiku-4-5"})
+        assert (status, body["error"]["code"]) == (403, "forbidden")
     status, body = call("PUT", "/v1/config/llm.model", admin, {"value": "claude-haiku-4-5"})
     assert (status, body["source"], body["value"]) == (200, "runtime", "claude-haiku-4-5")
     status, body = call("PUT", "/v1/config/llm.apiKey", admin, {"value": "sk-ant-cloud-secret"})

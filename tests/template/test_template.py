@@ -35,9 +35,12 @@ FUNCTIONS: dict[str, str] = {
     "ChatTurnFunction": "chat_turn",
     "HttpApiFunction": "http_api",
     "ChatStreamFunction": "chat_stream",
+    "UsageExportFunction": "usage_export",
 }
 #: Functions that run turns (and wait on the LLM): up to 15 minutes.
 TURN_RUNNERS = ("ChatTurnFunction", "ChatStreamFunction")
+#: Scheduled batch work (reads a month of usage records): minutes, not seconds.
+SCHEDULED = ("UsageExportFunction",)
 #: chat_stream is a web app run by the Lambda Web Adapter: a start script, not a handler module.
 WEB_ADAPTER = "ChatStreamFunction"
 #: Regions cfn-lint checks resource availability in (SnapStart, arm64, GLACIER_IR, ...).
@@ -318,7 +321,7 @@ def test_function_is_small_arm64_python312(name: str) -> None:
         assert 256 <= parameter["Default"] <= 512 and parameter["MaxValue"] <= 1024
     else:
         assert 256 <= memory <= 512
-    limit = 900 if name in TURN_RUNNERS else 29
+    limit = 900 if name in TURN_RUNNERS else 300 if name in SCHEDULED else 29
     assert 1 <= function["Timeout"] <= limit
     for key in ("VpcConfig", "ProvisionedConcurrencyConfig", "FileSystemConfigs", "Tracing", "DeploymentPreference"):
         assert key not in function, f"{name}: {key} costs money while idle or per request"
@@ -583,8 +586,18 @@ def test_http_api_serves_the_management_app() -> None:
     assert "ThrottlingRateLimit" in api["Properties"]["DefaultRouteSettings"]
     events = _function("HttpApiFunction")["Events"]
     assert [e["Properties"]["ApiId"] for e in events.values() if e["Type"] == "HttpApi"] == [{"Ref": "HttpApi"}]
-    for name in set(FUNCTIONS) - {"HttpApiFunction"}:
+    for name in set(FUNCTIONS) - {"HttpApiFunction", *SCHEDULED}:
         assert "Events" not in _function(name), f"{name} is wired explicitly, not through SAM events"
+
+
+def test_the_usage_export_runs_daily_on_a_schedule_with_no_idle_cost() -> None:
+    events = _function("UsageExportFunction")["Events"]
+    assert list(events.values()) == [{"Type": "ScheduleV2", "Properties": {
+        "ScheduleExpression": "cron(15 0 * * ? *)", "ScheduleExpressionTimezone": "UTC",
+        "RetryPolicy": {"MaximumRetryAttempts": 2}}}]
+    s3 = [st for st in _statements("UsageExportFunction") if _as_list(st["Action"])[0].startswith("s3:")]
+    assert [(_as_list(st["Action"]), _text(st["Resource"])) for st in s3] == [
+        (["s3:PutObject"], "${Bucket.Arn}/exports/*")]
 
 
 def test_outputs() -> None:

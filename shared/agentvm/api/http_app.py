@@ -27,8 +27,11 @@ from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
 
 if TYPE_CHECKING:
+    from agentvm.ports import Store
+    from agentvm.services.billing import BillingService
     from agentvm.services.chat import ChatService
     from agentvm.services.keys import Caller, KeyService
+    from agentvm.services.metrics import TurnMetrics
 
 
 @dataclass(slots=True)
@@ -52,6 +55,12 @@ class HttpApi:
     # /v1/auth/keys: the key store's service, and who manages keys (a tenant, admin or not)
     keys: Callable[[], KeyService] | None = None
     key_caller: Callable[[Request], Awaitable[Caller]] | None = None
+    # /v1/budgets and /v1/usage (with `key_caller`: who changes budgets)
+    billing: Callable[[], BillingService] | None = None
+    # observability (docs/observability.md): this process's turn metrics (/v1/metrics; /metrics with
+    # `admin_for`), and the store whose turn log /v1/logs reads
+    metrics: Callable[[], TurnMetrics] | None = None
+    turn_log: Callable[[], Store] | None = None
 
 
 def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
@@ -97,6 +106,10 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             from agentvm.api.keys_http import keys_router
 
             app.include_router(keys_router(api.keys, api.key_caller))
+        if api.billing is not None and api.key_caller is not None:
+            from agentvm.api.billing_http import billing_router
+
+            app.include_router(billing_router(api.billing, api.key_caller))
         if api.chat is not None:
             from agentvm.api.chat_sse import chat_router
 
@@ -104,5 +117,10 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             if probe is None:
                 raise ValueError("the chat API needs a store probe for its health check")
             app.include_router(chat_router(api.chat, api.principal_for, probe=probe))
+        if api.metrics is not None or api.turn_log is not None:
+            from agentvm.api.ops_http import ops_router
+
+            app.include_router(ops_router(api.principal_for, metrics=api.metrics, admin_for=api.admin_for,
+                                          turn_log=api.turn_log))
     return app
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from agentvm.domain.models import Principal
-from agentvm.errors import InvalidRequest, Unauthorized
+from agentvm.errors import Forbidden, InvalidRequest, Unauthorized
 
 if TYPE_CHECKING:
     from agentvm.ports import KeyStore
@@ -36,7 +36,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KEY_ID_PREFIX: Final = "avmk_"
-SCOPES: Final = frozenset({"admin", "user"})
+# user: the tenant's data; admin: also its keys and budgets; operator: the deployment itself (its
+# configuration, /metrics), made only by whoever runs the deployment (`avm keys create --scope operator`)
+SCOPES: Final = frozenset({"admin", "user", "operator"})
+OPERATOR_ONLY = "This needs an operator key: the configuration belongs to the deployment, not to a tenant"
+
+
+def require_operator(key: ApiKey) -> None:
+    if "operator" not in key.scopes:
+        raise Forbidden(OPERATOR_ONLY)
 MAX_TOKEN_LENGTH: Final = 256
 MAX_NAME_LENGTH: Final = 200
 

@@ -41,8 +41,10 @@ if TYPE_CHECKING:
     from agentvm.adapters.aws.ecs_tasks import EcsContainerTier
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
+    from agentvm.services.billing import BillingService
     from agentvm.services.config import ConfigService
     from agentvm.services.deps import Deps
+    from agentvm.services.metering import Meter
     from agentvm.services.session_worker import SessionWorker
     from agentvm.worker.container_worker import ContainerWorker
 
@@ -173,6 +175,21 @@ class CloudRuntime:
         store = SsmConfigStore(s.config_path, self.store, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region)
         return from_settings(s, store, ProcessEnv(), file=None)
 
+    @functools.cached_property
+    def meter(self) -> Meter:
+        """Budgets, rate limits and the usage ledger of every LLM call (budgets cached 30 s)."""
+        from agentvm.adapters.aws.dynamodb_usage import DynamoDBUsageLedger
+        from agentvm.services.metering import Meter
+
+        return Meter(DynamoDBUsageLedger(self.store), budget_cache_s=30.0)
+
+    @functools.cached_property
+    def billing(self) -> BillingService:
+        """/v1/budgets and /v1/usage over the ledger."""
+        from agentvm.services.billing import BillingService
+
+        return BillingService(self.meter.ledger, self.key_store, self.meter)
+
     async def ready(self) -> CloudRuntime:
         await self.store.open()
         return self
@@ -230,6 +247,7 @@ class CloudRuntime:
             deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver))
         if driver is not None:
             deps.turn_options = self.config  # each turn takes the current configuration
+            deps.meter = self.meter
         return Invocation(owner, fanout, deps)
 
     def _sandbox_tools(self, workspaces: Path) -> Any:

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Self
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentvm.auth.api_keys import extract_token
+from agentvm.auth.api_keys import extract_token, require_operator
 from agentvm.domain.models import Principal
-from agentvm.errors import Forbidden, NotConfigured
+from agentvm.errors import NotConfigured
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -298,8 +298,7 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
     async def admin_for(request: Request) -> Principal:
         scope = _scope()
         key = await scope.rt.authenticator.authenticate_key(extract_token(request.headers, None))
-        if "admin" not in key.scopes:
-            raise Forbidden("This needs an admin key: the configuration belongs to the deployment, not to a tenant")
+        require_operator(key)
         return Principal(key.tenant_id, key.key_id)
 
     def services() -> Services:
@@ -337,6 +336,7 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
 
     app = create_app(api=HttpApi(resources=resources, principal_for=principal_for, config=config,
                                  admin_for=admin_for, services=services, chat=chat, probe=probe, keys=keys,
-                                 key_caller=key_caller))
+                                 key_caller=key_caller, billing=lambda: _scope().rt.billing,
+                                 turn_log=lambda: _scope().rt.store))
     app.add_middleware(RequestScopes, runtime=get_runtime)
     return app

@@ -151,6 +151,7 @@ class Turn:
     agent: str | None = None
     task: str | None = None
     options: JSON = field(default_factory=dict)
+    key_id: str | None = None  # the API key that sent the user message (usage and key budgets)
 
     @property
     def duration_ms(self) -> int | None:
@@ -193,6 +194,9 @@ class ConnectionRecord:
     # that names them again costs no registry write)
     sessions: frozenset[str] = frozenset()
     containers: frozenset[str] = frozenset()
+    # False for a connection accepted without credentials: its first frame must be an `auth` frame
+    # (tenant_id is empty until then)
+    authenticated: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -44,9 +45,12 @@ from agentvm.engine.history import SessionHistory
 from agentvm.engine.tools import ToolRunner
 from agentvm.errors import AgentVMError, UpstreamError
 from agentvm.ids import message_id, now_ms
-from agentvm.money import DEFAULT_MARKUP, cost_of, money_text
+from agentvm.money import DEFAULT_MARKUP, Cost, ModelPrice, cost_of, money_text
 from agentvm.ports import Driver, Store
 from agentvm.protocol import messages as msgs
+
+if TYPE_CHECKING:
+    from agentvm.services.metering import Hold, Meter
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -60,6 +64,8 @@ class EngineOptions:
     max_flush_ms: int = 0
     max_iterations: int = 25
     markup: Decimal = DEFAULT_MARKUP
+    # list prices per model prefix (None: agentvm.money.DEFAULT_PRICES)
+    prices: Mapping[str, ModelPrice] | None = None
     tier: str = "function"  # "function": sandbox tools escalate the turn; "container": they run here
     # A tool result's JSON text is kept under this size, so its `tool_result` and `tool_result_message`
     # frames each stay within one 32 KB API Gateway unit (the envelope takes the rest).
@@ -92,8 +98,11 @@ class _Msg:
 
 class TurnRunner:
     def __init__(self, *, store: Store, driver: Driver, channel: SessionChannel, tools: ToolRunner,
-                 options: EngineOptions, history: SessionHistory) -> None:
+                 options: EngineOptions, history: SessionHistory, meter: Meter | None = None,
+                 observer: Callable[[Turn, int | None], None] | None = None) -> None:
         self.store = store
+        self.meter = meter
+        self.observer = observer
         self.history = history
         self.driver = driver
         self.channel = channel
@@ -104,7 +113,11 @@ class TurnRunner:
         self._interrupted = False
         self._turn_id: str | None = None
         self._usage = Usage()
+        # the turn's cost: the sum of its calls' costs, each at the model that answered it (= the ledger)
+        self._list, self._billed = Decimal(0), Decimal(0)
         self._llm_calls = 0
+        self._started_here = now_ms()  # this tier's start: its sandbox time in the container tier
+        self._first_delta_at: int | None = None
         self.escalated = False
 
     def interrupt(self) -> None:
@@ -119,7 +132,7 @@ class TurnRunner:
         turn.status = TurnStatus.RUNNING
         turn.started_at = now_ms()
         turn.tier = self.options.tier
-        return await self._drive(turn, image, pending=None)
+        return await self._drive(turn, image, pending=None, fresh=True)
 
     async def resume(self, turn: Turn, image: Image) -> Turn:
         """Continue an escalated turn from the store: run its pending tool calls, then go on. Its events
@@ -127,6 +140,7 @@ class TurnRunner:
         turn.status = TurnStatus.RUNNING
         turn.tier = self.options.tier
         self._usage = turn.usage
+        self._list, self._billed = Decimal(turn.list_cost), Decimal(turn.billed_cost)
         messages = [m for m in await self.history.load() if m.turn_id == turn.turn_id]
         answered = {m.body.get("toolCallId") for m in messages if m.subtype == "tool-result"}
         calls = [m.body.get("toolCall") or {} for m in messages if m.subtype == "tool-call"]
@@ -136,7 +150,7 @@ class TurnRunner:
                                if m.subtype in ("tool-call", "assistant")})
         return await self._drive(turn, image, pending=pending)
 
-    async def _drive(self, turn: Turn, image: Image, *, pending: list[_Call] | None) -> Turn:
+    async def _drive(self, turn: Turn, image: Image, *, pending: list[_Call] | None, fresh: bool = False) -> Turn:
         model = str(image.config.get("model") or self.options.default_model)
         max_tokens = int(turn.options.get("maxTokens") or image.config.get("maxTokens") or self.options.max_tokens)
         temperature = turn.options.get("temperature")
@@ -145,6 +159,8 @@ class TurnRunner:
         msg = _Msg()
         end_reason = "completed"
         try:
+            if fresh and self.meter is not None:
+                await self.meter.admit(turn)
             await self.history.load()
             if pending:
                 if await self._run_tools(pending) is None:
@@ -158,14 +174,11 @@ class TurnRunner:
                         f"The turn stopped after {self.options.max_iterations} model calls "
                         "(max_tool_iterations).", code="tool_iteration_limit")
                 self._llm_calls += 1
-                msg = _Msg()
+                msg = _Msg(model=model)
                 request = LLMRequest(model=model, messages=context, max_tokens=max_tokens,
                                      system=image.system_prompt, tools=self.tools.schemas(),
                                      temperature=float(temperature) if temperature is not None else None)
-                await self._child_task(self._stream(request, msg))
-                self._count(msg)
-                if msg.model:
-                    turn.model = msg.model
+                await self._call(turn, request, msg)
                 if self._interrupted:
                     break
                 if msg.stop_reason != "tool_use" or not msg.calls:
@@ -212,6 +225,7 @@ class TurnRunner:
         triple, `turn_response`, and the turn stored failed with the usage it had."""
         self._turn_id = turn.turn_id
         self._usage = turn.usage
+        self._list, self._billed = Decimal(turn.list_cost), Decimal(turn.billed_cost)
         msg = _Msg()
         self._fail(turn, msg, exc)
         await self._finish(turn, msg)
@@ -222,11 +236,44 @@ class TurnRunner:
         return self.options.tier == "function" and any(
             c.result is None and self.tools.needs_sandbox(c.name) for c in calls)
 
+    async def _call(self, turn: Turn, request: LLMRequest, msg: _Msg) -> None:
+        """One LLM call: its worst case held on the budgets first, its usage settled once at the end
+        (completed, failed or interrupted)."""
+        hold = None
+        if self.meter is not None:
+            hold = await self.meter.hold(turn, request, markup=self.options.markup, prices=self.options.prices)
+        status = "failed"
+        try:
+            await self._child_task(self._stream(request, msg))
+            status = "interrupted" if self._interrupted else "completed"
+        except asyncio.CancelledError:
+            status = "interrupted"
+            raise
+        finally:
+            self._count(msg)
+            turn.model = msg.model or turn.model
+            turn.list_cost, turn.billed_cost = money_text(self._list), money_text(self._billed)
+            if hold is not None:
+                await self._settle(turn, request, msg, hold, status)
+
+    async def _settle(self, turn: Turn, request: LLMRequest, msg: _Msg, hold: Hold, status: str) -> None:
+        assert self.meter is not None
+        if msg.usage == Usage():
+            await self.meter.release(turn, hold)  # nothing reached the provider's meter
+            return
+        await self.meter.settle(turn, hold, call=self._llm_calls, provider=self.driver.name,
+                                model=msg.model or request.model, usage=msg.usage, status=status,
+                                markup=self.options.markup, prices=self.options.prices)
+
     def _count(self, msg: _Msg) -> None:
         """Add an LLM call's usage once, whether it completed, failed or was interrupted."""
         if not msg.counted:
             msg.counted = True
             self._usage = self._usage + msg.usage
+            if msg.usage != Usage():
+                cost = cost_of(msg.usage, msg.model or self.options.default_model, markup=self.options.markup,
+                               prices=dict(self.options.prices) if self.options.prices is not None else None)
+                self._list, self._billed = self._list + cost.list, self._billed + cost.billed
 
     # ---- one LLM call ------------------------------------------------------------------------
 
@@ -252,6 +299,8 @@ class TurnRunner:
                         continue
                     msg.text.append(ev.text)
                     msg.coalescer.text(ev.text)
+                    if self._first_delta_at is None:
+                        self._first_delta_at = now_ms()
                     if not msg.responding_sent:
                         msg.responding_sent = True
                         ch.publish("conversation_responding", {})
@@ -377,7 +426,7 @@ class TurnRunner:
 
     async def _finish(self, turn: Turn, msg: _Msg) -> None:
         usage = turn.usage = self._usage
-        cost = cost_of(usage, turn.model or self.options.default_model, markup=self.options.markup)
+        cost = Cost(list=self._list, billed=self._billed)
         turn.list_cost, turn.billed_cost = money_text(cost.list), money_text(cost.billed)
         turn.ended_at = now_ms()
         duration = turn.ended_at - (turn.started_at or turn.ended_at)  # across tiers for an escalated turn
@@ -386,6 +435,11 @@ class TurnRunner:
             "usage": usage.to_wire(), "cost": cost.to_wire(), "model": turn.model, "tier": turn.tier,
             "stopReason": msg.stop_reason, "status": str(turn.status), "timestamp": turn.ended_at})
         await self._checkpoint(turn)
+        if self.meter is not None and self.options.tier == "container":
+            await self.meter.sandbox(turn, started_at=self._started_here)
+        if self.observer is not None:
+            first = self._first_delta_at - turn.started_at if self._first_delta_at and turn.started_at else None
+            self.observer(turn, first)
         log.info("turn finished", extra={
             "turn_id": turn.turn_id, "session_id": turn.session_id, "container_id": turn.container_id,
             "status": str(turn.status), "model": turn.model, "tier": turn.tier, "duration_ms": duration,

@@ -26,7 +26,7 @@ from agentvm.domain.models import ConfigChange
 from agentvm.engine.runner import EngineOptions
 from agentvm.errors import InvalidRequest, NotFound
 from agentvm.ids import now_ms
-from agentvm.money import DEFAULT_MARKUP
+from agentvm.money import DEFAULT_MARKUP, DEFAULT_PRICES, PRICES_TAKEN_ON, ModelPrice, prices_wire
 from agentvm.ports import ConfigStore, Env
 
 MASK = "********"
@@ -67,6 +67,46 @@ def _markup(v: Any) -> str:
     return str(d)  # money stays Decimal: carried as text, never float
 
 
+_PRICE_FIELDS = {"input": "input", "output": "output", "cacheWrite": "cache_write", "cacheRead": "cache_read"}
+
+
+def _prices(v: Any) -> dict[str, dict[str, str]]:
+    """`{model prefix: {input, output, cacheWrite, cacheRead}}` in USD per million tokens (decimal
+    text or numbers); a JSON string is accepted (an environment variable)."""
+    if isinstance(v, str):
+        try:
+            v = orjson.loads(v)
+        except orjson.JSONDecodeError:
+            raise ValueError("must be a JSON object of model prices") from None
+    if not isinstance(v, dict) or not v:
+        raise ValueError("must be an object: {model prefix: {input, output, cacheWrite, cacheRead}}")
+    out: dict[str, dict[str, str]] = {}
+    for model, price in v.items():
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError("model prefixes must be non-empty strings")
+        if not isinstance(price, dict) or set(price) != set(_PRICE_FIELDS):
+            raise ValueError(f"{model}: needs exactly input, output, cacheWrite and cacheRead")
+        row: dict[str, str] = {}
+        for name, amount in price.items():
+            try:
+                d = Decimal(str(amount).strip())
+            except InvalidOperation:
+                raise ValueError(f"{model}.{name}: must be a decimal number (USD per million tokens)") from None
+            if not d.is_finite() or d < 0:
+                raise ValueError(f"{model}.{name}: must be zero or more")
+            row[name] = str(d)
+        out[model.strip()] = row
+    return out
+
+
+def price_table(value: Mapping[str, Mapping[str, str]]) -> dict[str, ModelPrice]:
+    """The shipped list prices with the configured rows over them (by model prefix)."""
+    table = dict(DEFAULT_PRICES)
+    for model, row in value.items():
+        table[model] = ModelPrice(**{_PRICE_FIELDS[k]: Decimal(a) for k, a in row.items()})
+    return table
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigKey:
     name: str
@@ -97,6 +137,10 @@ def registry(defaults: Mapping[str, Any]) -> dict[str, ConfigKey]:
                   ("AVM_STREAM_MAX_FLUSH_MS",), "Upper bound of the growing coalescing window in ms."),
         ConfigKey("defaults.markup", _markup, defaults["defaults.markup"], ("AVM_MARKUP",),
                   "Billed price = list price × markup (decimal)."),
+        ConfigKey("billing.prices", _prices, prices_wire(DEFAULT_PRICES), ("AVM_PRICES",),
+                  f"List prices, USD per million tokens, by model prefix (the longest prefix of the model "
+                  f"name wins); rows set here replace or add to the shipped Anthropic list prices (taken on "
+                  f"{PRICES_TAKEN_ON})."),
     ]
     return {k.name: k for k in keys}
 
@@ -109,11 +153,15 @@ def _merged(layers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# keys whose value is itself a mapping (the file gives it nested, not flattened)
+MAPPING_KEYS = frozenset({"billing.prices"})
+
+
 def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in doc.items():
         path = f"{prefix}{name}"
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and path not in MAPPING_KEYS:
             out.update(flatten(value, f"{path}."))
         else:
             out[path] = value
@@ -153,7 +201,7 @@ class ConfigService:
             problem = getattr(exc, "problem", None) or "cannot be parsed"
             raise InvalidRequest(f"{where}: not valid YAML{at}: {problem}") from None
         if not isinstance(doc, Mapping):
-            raise InvalidRequest(f"{where}: must be a mapping with llm, system and defaults sections")
+            raise InvalidRequest(f"{where}: must be a mapping with llm, system, defaults and billing sections")
         values: dict[str, Any] = {}
         for name, raw in flatten(doc).items():
             key = self._key(name, where=f"{where}: ")
@@ -229,7 +277,7 @@ class ConfigService:
             base, default_model=v["llm.model"] if chosen or base.default_model != "scripted" else base.default_model,
             max_tokens=v["llm.maxTokens"], max_iterations=v["system.maxToolIterations"],
             flush_ms=v["system.streamFlushMs"], max_flush_ms=v["system.streamMaxFlushMs"],
-            markup=Decimal(v["defaults.markup"]))
+            markup=Decimal(v["defaults.markup"]), prices=price_table(v["billing.prices"]))
 
     async def changes(self, limit: int = 100) -> list[ConfigChange]:
         return await self.store.changes(limit)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agentvm.engine.runner import EngineOptions
 from agentvm.engine.tools import NoToolProvider, ToolProvider
 from agentvm.ports import ContainerTier, Driver, Fanout, Store
+
+if TYPE_CHECKING:
+    from agentvm.domain.models import Turn
+    from agentvm.services.metering import Meter
+
+# Told of every turn that ends (`turn`, and ms from its start to its first text delta, if any): metrics.
+TurnObserver = Callable[["Turn", "int | None"], None]
 
 
 class TurnOptions(Protocol):
@@ -31,6 +39,9 @@ class Deps:
     sandbox_tools: ToolProvider | None = None
     # None: every turn runs with `options` as built
     turn_options: TurnOptions | None = None
+    # budgets, rate limits and the usage ledger (None: turns are neither limited nor recorded)
+    meter: Meter | None = None
+    turn_observer: TurnObserver | None = None
 
     def llm(self) -> Driver:
         if self.driver is None:

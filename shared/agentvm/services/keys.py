@@ -39,6 +39,9 @@ class KeyService:
     async def create(self, caller: Caller, *, scopes: list[str], name: str | None,
                      expires_days: int | None) -> tuple[ApiKey, str]:
         _admin(caller, "create keys")
+        if "operator" in scopes:
+            raise Forbidden("Operator keys are made by the deployment's operator (`avm keys create --scope "
+                            "operator`), not over the API")
         now = now_ms()
         expires = None if expires_days is None else now + expires_days * DAY_MS
         key, token = new_key(caller.tenant_id, scopes, name=name, expires_at=expires, now_ms=now)

@@ -34,6 +34,13 @@ class SessionRegistry:
     def get(self, session_id: str) -> SessionActor | None:
         return self._actors.get(session_id)
 
+    def active_containers(self) -> dict[str, int]:
+        """Distinct containers with a live session actor, per tenant: the metrics' gauge."""
+        out: dict[str, int] = {}
+        for tenant_id, _ in {(a.image.tenant_id, a.image.container_id) for a in self._actors.values()}:
+            out[tenant_id] = out.get(tenant_id, 0) + 1
+        return out
+
     async def actor_for(self, image: Image, agent_id: str | None) -> SessionActor:
         sid = image.session_id
         actor = self._actors.get(sid)

@@ -53,7 +53,7 @@ class ScheduledTurn:
         base = self.options or d.options
         options = base if base.tier == tier else dataclasses.replace(base, tier=tier)
         runner = TurnRunner(store=d.store, driver=d.llm(), channel=self.channel, tools=tools, options=options,
-                            history=self.history)
+                            history=self.history, meter=d.meter, observer=d.turn_observer)
         if self._interrupted:
             runner.interrupt()
         self.runner = runner

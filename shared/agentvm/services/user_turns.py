@@ -27,7 +27,7 @@ def new_user_turn(p: Principal, image: Image, content: str | list[dict[str, Any]
     body = msgs.user_message(mid, content, ts)
     turn = Turn(p.tenant_id, turn_id(), image.session_id, image.image_id, image.container_id, mid,
                 TurnStatus.QUEUED, ts, agent=(image.config.get("sources") or {}).get("agent") or image.name,
-                task=task_of(content), options=dict(options or {}))
+                task=task_of(content), options=dict(options or {}), key_id=p.key_id)
     return UserTurn(StoredMessage(image.session_id, mid, body, turn.turn_id), turn)
 
 

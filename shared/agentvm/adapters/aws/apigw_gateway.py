@@ -83,6 +83,21 @@ class ApiGatewayGateway:
         except _TooLarge:  # pragma: no cover - a truncated frame is a few hundred bytes
             return True
 
+    async def delete_connection(self, connection_id: str) -> bool:
+        """Close a connection (`DeleteConnection`; API Gateway then runs `$disconnect`). The client
+        sees a plain close: API Gateway sends no close code or reason of ours, so say why in a frame
+        first. False when the connection was gone already."""
+        client = await self._client.get()
+        try:
+            await client.delete_connection(ConnectionId=connection_id)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in _GONE or status == 410:
+                return False
+            raise
+        return True
+
     async def _post(self, connection_id: str, data: bytes) -> bool:
         client = await self._client.get()
         for attempt in range(self.max_retries + 1):

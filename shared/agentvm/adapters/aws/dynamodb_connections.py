@@ -13,12 +13,16 @@ A session's subscribers and a container's watchers are one Query each; the rever
 the connection with what it already subscribes to and watches in one Query (so a repeated
 subscription costs no write). Every item expires
 shortly after API Gateway's 2-hour connection cap, so a missed `$disconnect` leaves nothing behind.
+A connection accepted without credentials is stored with `auth_pending` and an empty tenant until its
+first-frame `auth` sets both (`authenticate`, conditional: the first `auth` frame wins).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from agentvm.adapters.aws.dynamodb_store import TTL_ATTRIBUTE, DynamoDBStore, _k, _n, _s
 from agentvm.domain.models import ConnectionRecord, Subscription
@@ -44,7 +48,27 @@ class DynamoDBConnections:
                                 TTL_ATTRIBUTE: self._expires()}
         if record.key_id is not None:
             item["key_id"] = _s(record.key_id)
+        if not record.authenticated:
+            item["auth_pending"] = {"BOOL": True}
         await self.store.client.put_item(TableName=self.store.table_name, Item=item)
+
+    async def authenticate(self, connection_id: str, tenant_id: str, key_id: str | None) -> bool:
+        """Give a connection accepted without credentials its principal (a first `auth` frame). False
+        when the connection is gone or was authenticated already (the first `auth` frame wins)."""
+        update = "SET tenant_id = :t REMOVE auth_pending" if key_id is None else \
+            "SET tenant_id = :t, key_id = :k REMOVE auth_pending"
+        values: dict[str, Any] = {":t": _s(tenant_id), ":yes": {"BOOL": True}}
+        if key_id is not None:
+            values[":k"] = _s(key_id)
+        try:
+            await self.store.client.update_item(
+                TableName=self.store.table_name, Key={"PK": _s(f"WSCONN#{_k(connection_id)}"), "SK": _s("CONN")},
+                UpdateExpression=update, ConditionExpression="auth_pending = :yes", ExpressionAttributeValues=values)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
 
     async def get_connection(self, connection_id: str) -> ConnectionRecord | None:
         """The record with what the connection subscribes to and watches: one Query of its partition."""
@@ -55,8 +79,9 @@ class DynamoDBConnections:
         key = record.get("key_id")
         sessions = frozenset(i["session_id"]["S"] for i in items if "session_id" in i)
         containers = frozenset(i["container_id"]["S"] for i in items if "container_id" in i)
+        pending = record.get("auth_pending", {}).get("BOOL", False)
         return ConnectionRecord(connection_id, record["tenant_id"]["S"], key["S"] if key else None,
-                                int(record["connected_at"]["N"]), sessions, containers)
+                                int(record["connected_at"]["N"]), sessions, containers, authenticated=not pending)
 
     async def delete_connection(self, connection_id: str) -> None:
         client, table = self.store.client, self.store.table_name

@@ -188,4 +188,61 @@ MIGRATIONS: list[str] = [
     ) WITHOUT ROWID;
     CREATE INDEX api_keys_by_tenant ON api_keys (tenant_id, created_at);
     """,
+    # 8: the usage ledger (agentvm.domain.usage): one record per LLM call or container-tier turn's
+    # sandbox time, written once; budgets of tenants (key_id '') and keys; each budget's monthly
+    # counters (settled and reserved billed cost, Decimal text); the per-minute rate windows; and
+    # the key that started each turn.
+    """
+    CREATE TABLE usage_records (
+        tenant_id TEXT NOT NULL,
+        record_id TEXT NOT NULL,
+        key_id TEXT,
+        container_id TEXT NOT NULL,
+        image_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        turn_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        model TEXT,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cache_read_tokens INTEGER NOT NULL,
+        cache_write_tokens INTEGER NOT NULL,
+        sandbox_ms INTEGER NOT NULL,
+        list_cost TEXT NOT NULL,
+        billed_cost TEXT NOT NULL,
+        currency TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        status TEXT NOT NULL,
+        started_at INTEGER NOT NULL,
+        ended_at INTEGER NOT NULL,
+        PRIMARY KEY (tenant_id, record_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX usage_by_tenant_time ON usage_records (tenant_id, ended_at);
+    CREATE INDEX usage_by_time ON usage_records (ended_at);
+    CREATE TABLE budgets (
+        tenant_id TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        monthly TEXT,
+        requests_per_minute INTEGER,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (tenant_id, key_id)
+    ) WITHOUT ROWID;
+    CREATE TABLE spend (
+        tenant_id TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        period TEXT NOT NULL,
+        spent TEXT NOT NULL,
+        reserved TEXT NOT NULL,
+        PRIMARY KEY (tenant_id, key_id, period)
+    ) WITHOUT ROWID;
+    CREATE TABLE rate_windows (
+        tenant_id TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        minute INTEGER NOT NULL,
+        count INTEGER NOT NULL,
+        PRIMARY KEY (tenant_id, key_id, minute)
+    ) WITHOUT ROWID;
+    ALTER TABLE turns ADD COLUMN key_id TEXT;
+    """,
 ]

@@ -96,6 +96,13 @@ class LocalHub:
     def __len__(self) -> int:
         return len(self._conns)
 
+    def per_tenant(self) -> dict[str, int]:
+        """Open connections (WebSockets and SSE feeds) per tenant: the metrics' gauge."""
+        out: dict[str, int] = {}
+        for conn in self._conns.values():
+            out[conn.tenant_id] = out.get(conn.tenant_id, 0) + 1
+        return out
+
     def register(self, conn: Connection) -> None:
         self._conns[conn.id] = conn
 

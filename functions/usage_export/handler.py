@@ -1,0 +1,54 @@
+"""usage_export (EventBridge schedule, daily after midnight UTC): the usage ledger of every tenant as
+FOCUS 1.0 CSV in the bucket, for finance tools:
+
+    exports/focus/daily/2026-11-21.csv     the day before the run (final)
+    exports/focus/monthly/2026-11.csv      that day's month to date (final after its last day)
+
+An event may name the day (`{"day": "2026-11-05"}`) to write (or rewrite) another one. Writing is
+idempotent: the same ledger gives the same files."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentvm.cloud.observability import Count, observe
+from agentvm.cloud.runtime import run, runtime
+from agentvm.errors import InvalidRequest
+from agentvm.services.billing import window
+
+obs = observe("usage_export")
+PREFIX = "exports/focus"
+
+
+def _yesterday() -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(time.time() - 86_400))
+
+
+async def _export(day: str) -> dict[str, Any]:
+    from agentvm.adapters.aws.s3_blobs import S3BlobStore
+
+    rt = await runtime().ready()
+    s = rt.settings
+    if not s.bucket:
+        raise InvalidRequest("AVM_BUCKET is not set: usage exports go to the deployment's bucket", field="bucket")
+    w = window(day, field="day")
+    blobs = S3BlobStore(s.bucket, prefix=PREFIX, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region)
+    await blobs.open()
+    written = {}
+    try:
+        for period, key in ((w.label, f"daily/{w.label}.csv"), (w.month, f"monthly/{w.month}.csv")):
+            _media, text = await rt.billing.export(None, period, "focus")
+            await blobs.put(key, text.encode(), "text/csv")
+            written[key] = max(0, text.count("\n") - 1)
+    finally:
+        await blobs.close()
+    for rows in written.values():
+        obs.metric("UsageExportRows", Count, rows)
+    return {"day": w.label, "files": {f"{PREFIX}/{k}": rows for k, rows in written.items()}}
+
+
+@obs.handler
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    day = event.get("day") if isinstance(event, dict) else None
+    return run(_export(day if isinstance(day, str) else _yesterday()))

@@ -1,0 +1,395 @@
+"""The UsageLedger port in the AgentVM table (beside the Store's items).
+
+| Entity       | PK              | SK        | Index keys: GSI partition / sort                   | TTL        |
+|--------------|-----------------|-----------|----------------------------------------------------|------------|
+| Usage record | USAGE#{t}#{rid} | REC       | 1: TENANT#{t}#USAGE / {ended}#{rid}                | –          |
+|              |                 |           | 2: USAGEMON#{yyyy-mm}#{shard} / {ended}#{t}#{rid}  |            |
+| Budget       | BUDGET#{t}      | TENANT    | –                                                  | –          |
+| (key's)      | BUDGET#{t}      | KEY#{kid} | –                                                  | –          |
+| Spend        | SPEND#{t}       | {yyyy-mm} | –                                                  | –          |
+| (key's)      | SPEND#{t}#{kid} | {yyyy-mm} | –                                                  | –          |
+| Rate window  | RATE#{t}        | {minute}  | –                                                  | expires_at |
+| (key's)      | RATE#{t}#{kid}  | {minute}  | –                                                  | expires_at |
+
+`{ended}` is the record's `ended_at` (epoch ms, 16 digits), `{minute}` the window's epoch minute (12
+digits), `{shard}` crc32 of the tenant and record id modulo 8, `{yyyy-mm}` the UTC month.
+
+* A usage record is written once: its key is the tenant and the record id, and the write is
+  conditional on `attribute_not_exists(PK)`. Money (`list_cost`, `billed_cost`) is Decimal text, as
+  on turns. GSI1 (the tenant-wide lists, projection ALL) lists a tenant's records by end time. GSI2
+  (G2PK/G2SK, projection ALL; the Store uses it for container-wide lists) holds every record a
+  second time in a month partition split into 8 shards, so the operator's export of all tenants
+  reads 8 Queries per month of the range (in parallel) and never scans; a month's shard is one
+  partition key, so the write rate of all tenants together is spread over 8 of them.
+* A budget's counters of a month are one item: `spent` and `reserved` as DynamoDB numbers (exact
+  decimals; written as Decimal text, never float) and `committed` = spent + reserved, because a
+  condition cannot add two attributes. `reserve` is one conditional UpdateItem
+  (`ADD reserved :a, committed :a` if `attribute_not_exists(committed) OR committed <= :cap - :a`);
+  with a key budget too it is a TransactWriteItems of both updates, and the cancellation reasons
+  say which limit refused. `settle` is one TransactWriteItems: the conditional Put of the record and
+  one Update per counter item it changes (the hold leaves the reserved month, the billed cost joins
+  the record's own month: one item when they are the same month, two otherwise).
+* A rate window is one item per budget and minute: `ADD n :one` if `attribute_not_exists(n) OR n
+  < :limit`, with `expires_at` (the table's TTL, seconds) a few minutes after the window.
+* Budgets of a tenant share one partition: `list_budgets` is one strongly consistent Query.
+* Transactions on a busy counter item conflict with each other (TransactionConflict): those
+  cancellations (nothing was written) are retried with full-jitter backoff.
+
+Requests per operation (R = read, W = write; a transaction bills 2 write units per item per KB, a
+GSI write 1 per index): put_budget 1 W · delete_budget 1 W · list_budgets 1 R · reserve: no cap 0,
+one cap 1 W (UpdateItem), tenant and key 1 W (TransactWriteItems, 2 items) · settle 1 W
+(TransactWriteItems: the record + 1 counter, +1 when the months differ, ×2 with a key; a PutItem when
+no counter changes) — plus 2 index writes for the record · release 1 W (UpdateItem; a transaction of 2
+with the key) · spend 1 R · admit: no limit 0, one limit 1 W, both 1 W (TransactWriteItems, 2 items) ·
+list_usage 1 R/page (a tenant), 8 R/page per month of the range (all tenants).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from botocore.exceptions import ClientError
+
+from agentvm.adapters.aws.dynamodb_store import (
+    GSI_CONTAINER,
+    GSI_TENANT,
+    SHARDS,
+    TTL_ATTRIBUTE,
+    DynamoDBStore,
+    Item,
+    _conditional_failed,
+    _error_code,
+    _failed_conditions,
+    _int,
+    _k,
+    _key,
+    _n,
+    _opt_int,
+    _opt_s,
+    _put_opt,
+    _s,
+    _shard,
+    _ts,
+)
+from agentvm.domain.models import Usage
+from agentvm.domain.usage import Budget, Spend, UsageRecord, precheck_hold
+
+_RECORD_SK: Final = "REC"
+_TENANT_BUDGET_SK: Final = "TENANT"
+#: A rate window's item is deleted (TTL) this long after its minute ends.
+_WINDOW_TTL_S: Final = 5 * 60
+#: The Queries the all-tenant export runs at once.
+_EXPORT_PARALLEL: Final = 16
+#: Cancellation reasons of a transaction that wrote nothing and may simply be tried again.
+_RETRY_REASONS: Final = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
+_ZERO: Final = Decimal(0)
+
+
+class DynamoDBUsageLedger:
+    """`UsageLedger` over an open `DynamoDBStore` (same table, same client)."""
+
+    def __init__(self, store: DynamoDBStore) -> None:
+        self.store = store
+
+    # ---- budgets -----------------------------------------------------------------------------
+
+    async def put_budget(self, budget: Budget) -> None:
+        item: Item = {**_budget_key(budget.tenant_id, budget.key_id), "tenant_id": _s(budget.tenant_id),
+                      "updated_at": _n(budget.updated_at)}
+        _put_opt(item, "key_id", budget.key_id)
+        if budget.monthly is not None:
+            item["monthly"] = _s(_text(budget.monthly))  # text: reads back exactly as written
+        _put_opt(item, "requests_per_minute", budget.requests_per_minute)
+        await self.store.client.put_item(TableName=self.store.table_name, Item=item)
+
+    async def delete_budget(self, tenant_id: str, key_id: str | None) -> bool:
+        res = await self.store.client.delete_item(TableName=self.store.table_name,
+                                                  Key=_budget_key(tenant_id, key_id), ReturnValues="ALL_OLD")
+        return bool(res.get("Attributes"))
+
+    async def list_budgets(self, tenant_id: str) -> list[Budget]:
+        items = await self.store._query(KeyConditionExpression="PK = :pk", ConsistentRead=True,
+                                        ExpressionAttributeValues={":pk": _s(f"BUDGET#{_k(tenant_id)}")})
+        budgets = [_budget(i) for i in items if i["tenant_id"]["S"] == tenant_id]
+        return sorted(budgets, key=lambda b: (b.key_id is not None, b.key_id or ""))
+
+    # ---- monthly counters --------------------------------------------------------------------
+
+    async def reserve(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
+                      tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
+        key_cap, verdict = precheck_hold(key_id, amount, tenant_cap, key_cap)
+        if verdict != "check":
+            return verdict
+        holds = [("tenant", _hold(_spend_key(tenant_id, None, period), amount, tenant_cap))]
+        if key_cap is not None:
+            holds.append(("key", _hold(_spend_key(tenant_id, key_id, period), amount, key_cap)))
+        failed = await self._write([op for _which, op in holds])
+        return next((which for (which, _op), f in zip(holds, failed, strict=False) if f), None)
+
+    async def settle(self, record: UsageRecord, *, reserved: Decimal, reserved_period: str,
+                     key_held: bool) -> bool:
+        ops: list[Item] = [{"Put": {"Item": _record_item(record), "ConditionExpression": "attribute_not_exists(PK)"}}]
+        deltas = _settle_deltas(record, reserved=reserved, reserved_period=reserved_period, key_held=key_held)
+        ops.extend(_change(_spend_key(record.tenant_id, kid, period), spent, held)
+                   for (kid, period), (spent, held) in deltas.items())
+        failed = await self._write(ops)
+        return not failed
+
+    async def release(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
+                      key_held: bool) -> None:
+        if amount == 0:
+            return
+        ops = [_change(_spend_key(tenant_id, None, period), _ZERO, -amount)]
+        if key_held and key_id is not None:
+            ops.append(_change(_spend_key(tenant_id, key_id, period), _ZERO, -amount))
+        await self._write(ops)
+
+    async def spend(self, tenant_id: str, key_id: str | None, period: str) -> Spend:
+        res = await self.store.client.get_item(TableName=self.store.table_name, ConsistentRead=True,
+                                               Key=_spend_key(tenant_id, key_id, period),
+                                               ProjectionExpression="spent, reserved")
+        item = res.get("Item") or {}
+        return Spend(_dec(item, "spent"), _dec(item, "reserved"))
+
+    # ---- rate windows ------------------------------------------------------------------------
+
+    async def admit(self, tenant_id: str, key_id: str | None, minute: int, *, tenant_limit: int | None,
+                    key_limit: int | None) -> str | None:
+        # Only windows with a limit are counted: nothing reads a window without one.
+        windows: list[tuple[str, int, str | None]] = []
+        if tenant_limit is not None:
+            windows.append(("tenant", tenant_limit, None))
+        if key_limit is not None and key_id is not None:
+            windows.append(("key", key_limit, key_id))
+        for which, limit, _kid in windows:
+            if limit <= 0:  # a window that does not exist yet passes the condition
+                return which
+        if not windows:
+            return None
+        expires = (minute + 1) * 60 + _WINDOW_TTL_S
+        ops = [{"Update": {
+            "Key": _key(_budget_pk("RATE", tenant_id, kid), f"{minute:012d}"),
+            "UpdateExpression": "ADD #c :one SET #ttl = :exp",
+            "ConditionExpression": "attribute_not_exists(#c) OR #c < :limit",
+            "ExpressionAttributeNames": {"#c": "n", "#ttl": TTL_ATTRIBUTE},
+            "ExpressionAttributeValues": {":one": _n(1), ":exp": _n(expires), ":limit": _n(limit)},
+        }} for _which, limit, kid in windows]
+        failed = await self._write(ops)
+        return next((which for (which, _limit, _kid), f in zip(windows, failed, strict=False) if f), None)
+
+    # ---- records -----------------------------------------------------------------------------
+
+    async def list_usage(self, tenant_id: str | None, *, since_ms: int, until_ms: int) -> list[UsageRecord]:
+        if since_ms >= until_ms:
+            return []
+        # BETWEEN is inclusive: `{until}` sorts before every `{until}#...` key, so ended_at = until is out.
+        bounds = {":lo": _s(_ts(since_ms)), ":hi": _s(_ts(until_ms))}
+        if tenant_id is not None:
+            items = await self.store._query(
+                IndexName=GSI_TENANT, KeyConditionExpression="G1PK = :pk AND G1SK BETWEEN :lo AND :hi",
+                ExpressionAttributeValues={":pk": _s(_tenant_list(tenant_id)), **bounds})
+            records = [_record(i) for i in items if i["tenant_id"]["S"] == tenant_id]
+        else:
+            gate = asyncio.Semaphore(_EXPORT_PARALLEL)
+
+            async def shard(g2pk: str) -> list[Item]:
+                async with gate:
+                    return await self.store._query(
+                        IndexName=GSI_CONTAINER, KeyConditionExpression="G2PK = :pk AND G2SK BETWEEN :lo AND :hi",
+                        ExpressionAttributeValues={":pk": _s(g2pk), **bounds})
+            pages = await asyncio.gather(*(shard(_month_shard(month, s))
+                                           for month in _months(since_ms, until_ms - 1) for s in range(SHARDS)))
+            records = [_record(i) for page in pages for i in page]
+        return sorted(records, key=lambda r: (r.ended_at, r.record_id, r.tenant_id))
+
+    # ---- writing -----------------------------------------------------------------------------
+
+    async def _write(self, ops: list[Item]) -> list[bool]:
+        """One UpdateItem/PutItem, or a TransactWriteItems of several. Per op, whether its condition
+        failed ([] when everything was written). Conflicts (nothing written) are tried again."""
+        client, table = self.store.client, self.store.table_name
+        if len(ops) == 1:
+            (kind, params), = ops[0].items()
+            call: Callable[[], Awaitable[Any]] = (
+                (lambda: client.put_item(TableName=table, **params)) if kind == "Put"
+                else (lambda: client.update_item(TableName=table, **params)))
+        else:
+            items = [{kind: {"TableName": table, **params} for kind, params in op.items()} for op in ops]
+
+            def call() -> Awaitable[Any]:
+                return client.transact_write_items(TransactItems=cast(Any, items))
+        for attempt in itertools.count(1):
+            try:
+                await call()
+                return []
+            except ClientError as exc:
+                if _conditional_failed(exc):
+                    return [True]
+                failed = _failed_conditions(exc)
+                if any(failed):
+                    return failed
+                if attempt >= self.store.backoff_attempts or not _retryable(exc):
+                    raise
+            await asyncio.sleep(random.uniform(0, self.store.backoff_base_s * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+
+# ---- keys and items ----------------------------------------------------------------------------
+
+
+def _budget_pk(prefix: str, tenant_id: str, key_id: str | None) -> str:
+    """`{prefix}#{t}` for the tenant's own budget, `{prefix}#{t}#{kid}` for a key's (ids are escaped,
+    so the two never collide)."""
+    base = f"{prefix}#{_k(tenant_id)}"
+    return base if key_id is None else f"{base}#{_k(key_id)}"
+
+
+def _budget_key(tenant_id: str, key_id: str | None) -> Item:
+    return _key(f"BUDGET#{_k(tenant_id)}", _TENANT_BUDGET_SK if key_id is None else f"KEY#{_k(key_id)}")
+
+
+def _spend_key(tenant_id: str, key_id: str | None, period: str) -> Item:
+    return _key(_budget_pk("SPEND", tenant_id, key_id), period)
+
+
+def _hold(key: Item, amount: Decimal, cap: Decimal | None) -> Item:
+    """Add `amount` to a counter's `reserved` (and `committed`), unless that passes `cap`."""
+    update: Item = {"Key": key, "UpdateExpression": "ADD reserved :a, committed :a",
+                    "ExpressionAttributeValues": {":a": _num(amount)}}
+    if cap is not None:
+        room = cap - amount
+        # A counter that does not exist yet holds nothing: it has room unless the amount alone passes the cap.
+        update["ConditionExpression"] = ("attribute_not_exists(committed) OR committed <= :room" if room >= 0
+                                         else "committed <= :room")
+        update["ExpressionAttributeValues"][":room"] = _num(room)
+    return {"Update": update}
+
+
+def _change(key: Item, spent: Decimal, held: Decimal) -> Item:
+    """Add `spent` and `held` (either may be negative or zero) to a counter, keeping `committed`."""
+    parts, values = [], {}
+    for name, delta in (("spent", spent), ("reserved", held), ("committed", spent + held)):
+        if delta != 0:
+            parts.append(f"{name} :{name}")
+            values[f":{name}"] = _num(delta)
+    if not parts:  # e.g. a hold released into the same month's equal cost: still the same item
+        parts, values = ["committed :z"], {":z": _n(0)}
+    return {"Update": {"Key": key, "UpdateExpression": "ADD " + ", ".join(parts),
+                       "ExpressionAttributeValues": values}}
+
+
+_Deltas = dict[tuple[str | None, str], tuple[Decimal, Decimal]]  # (key id, period) -> (spent, reserved) change
+
+
+def _settle_deltas(record: UsageRecord, *, reserved: Decimal, reserved_period: str, key_held: bool) -> _Deltas:
+    """What `settle` changes: the hold leaves `reserved_period`, the billed cost joins the record's own
+    period; for the tenant (key None) and (hold: when `key_held`; cost: when the record has a key) its
+    key. One entry per counter item: a transaction may name an item only once."""
+    deltas: _Deltas = {}
+
+    def add(kid: str | None, period: str, spent: Decimal, held: Decimal) -> None:
+        s, r = deltas.get((kid, period), (_ZERO, _ZERO))
+        deltas[(kid, period)] = (s + spent, r + held)
+
+    key = record.key_id
+    if reserved != 0:
+        add(None, reserved_period, _ZERO, -reserved)
+        if key_held and key is not None:
+            add(key, reserved_period, _ZERO, -reserved)
+    if record.billed_cost != 0:
+        add(None, record.period, record.billed_cost, _ZERO)
+        if key is not None:
+            add(key, record.period, record.billed_cost, _ZERO)
+    return deltas
+
+
+def _tenant_list(tenant_id: str) -> str:
+    return f"TENANT#{_k(tenant_id)}#USAGE"
+
+
+def _month_shard(month: str, shard: int) -> str:
+    return f"USAGEMON#{month}#{shard}"
+
+
+def _months(first_ms: int, last_ms: int) -> list[str]:
+    """The UTC months (`yyyy-mm`) from the one of `first_ms` to the one of `last_ms`, inclusive."""
+    first, last = time.gmtime(first_ms // 1000), time.gmtime(last_ms // 1000)
+    index, end = first.tm_year * 12 + first.tm_mon - 1, last.tm_year * 12 + last.tm_mon - 1
+    return [f"{i // 12:04d}-{i % 12 + 1:02d}" for i in range(index, end + 1)]
+
+
+def _record_item(r: UsageRecord) -> Item:
+    t, rid, u = r.tenant_id, r.record_id, r.usage
+    item: Item = {
+        "PK": _s(f"USAGE#{_k(t)}#{_k(rid)}"), "SK": _s(_RECORD_SK),
+        "G1PK": _s(_tenant_list(t)), "G1SK": _s(f"{_ts(r.ended_at)}#{_k(rid)}"),
+        "G2PK": _s(_month_shard(r.period, _shard(t, rid))), "G2SK": _s(f"{_ts(r.ended_at)}#{_k(t)}#{_k(rid)}"),
+        "tenant_id": _s(t), "record_id": _s(rid), "container_id": _s(r.container_id), "image_id": _s(r.image_id),
+        "session_id": _s(r.session_id), "turn_id": _s(r.turn_id), "kind": _s(r.kind), "provider": _s(r.provider),
+        "input_tokens": _n(u.input_tokens), "output_tokens": _n(u.output_tokens),
+        "cache_read_tokens": _n(u.cache_read_tokens), "cache_write_tokens": _n(u.cache_write_tokens),
+        "sandbox_ms": _n(r.sandbox_ms), "list_cost": _s(_text(r.list_cost)), "billed_cost": _s(_text(r.billed_cost)),
+        "currency": _s(r.currency), "tier": _s(r.tier), "status": _s(r.status),
+        "started_at": _n(r.started_at), "ended_at": _n(r.ended_at),
+    }
+    _put_opt(item, "key_id", r.key_id)
+    _put_opt(item, "model", r.model)
+    return item
+
+
+def _record(i: Mapping[str, Any]) -> UsageRecord:
+    return UsageRecord(
+        record_id=i["record_id"]["S"], tenant_id=i["tenant_id"]["S"], key_id=_opt_s(i, "key_id"),
+        container_id=i["container_id"]["S"], image_id=i["image_id"]["S"], session_id=i["session_id"]["S"],
+        turn_id=i["turn_id"]["S"], kind=i["kind"]["S"], provider=i["provider"]["S"], model=_opt_s(i, "model"),
+        usage=Usage(_int(i, "input_tokens"), _int(i, "output_tokens"), _int(i, "cache_read_tokens"),
+                    _int(i, "cache_write_tokens")),
+        list_cost=Decimal(i["list_cost"]["S"]), billed_cost=Decimal(i["billed_cost"]["S"]), tier=i["tier"]["S"],
+        status=i["status"]["S"], started_at=_int(i, "started_at"), ended_at=_int(i, "ended_at"),
+        sandbox_ms=_int(i, "sandbox_ms"), currency=i["currency"]["S"])
+
+
+def _budget(i: Mapping[str, Any]) -> Budget:
+    monthly = _opt_s(i, "monthly")
+    return Budget(tenant_id=i["tenant_id"]["S"], key_id=_opt_s(i, "key_id"),
+                  monthly=Decimal(monthly) if monthly is not None else None,
+                  requests_per_minute=_opt_int(i, "requests_per_minute"), updated_at=_int(i, "updated_at"))
+
+
+def _text(value: Decimal) -> str:
+    """Decimal as plain text (never an exponent: `0.00000105`, not `1.05E-6`)."""
+    return format(value, "f")
+
+
+def _num(value: Decimal) -> Item:
+    """A DynamoDB number from a Decimal, exactly (N values are decimal strings; never a float)."""
+    return {"N": _text(value)}
+
+
+def _dec(item: Mapping[str, Any], name: str) -> Decimal:
+    value = item.get(name)
+    return Decimal(value["N"]) if value is not None else _ZERO
+
+
+def _retryable(exc: ClientError) -> bool:
+    """A write that wrote nothing because of a conflicting transaction (or throttling inside one)."""
+    code = _error_code(exc)
+    if code == "TransactionConflictException":
+        return True
+    if code != "TransactionCanceledException":
+        return False
+    reasons = {str(r.get("Code")) for r in cast(Mapping[str, Any], exc.response).get("CancellationReasons") or []}
+    return bool(reasons & _RETRY_REASONS) and reasons <= _RETRY_REASONS | {"None"}
+
+
+if TYPE_CHECKING:
+    from agentvm.ports import UsageLedger
+
+    def _implements_usage_ledger(ledger: DynamoDBUsageLedger) -> UsageLedger:  # mypy checks the port's signatures
+        return ledger

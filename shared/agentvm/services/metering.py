@@ -1,0 +1,168 @@
+"""Metering: rate limits, budget holds and the usage ledger around every LLM call.
+
+Before each call the worst case (an upper bound of the input tokens at the dearer of the input and
+cache-write prices, plus `max_tokens` at the output price, × markup) is held on the tenant's month
+(and the key's, when the key has a budget) in one atomic step of the ledger; when the call ends, its
+usage record is written once and its real billed cost replaces the hold. Concurrent turns therefore
+cannot take a month's billed cost past a budget, and a refused call spends no token.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+from agentvm.domain.models import Turn, Usage
+from agentvm.domain.usage import Budget, UsageRecord, minute_of, period_of
+from agentvm.drivers.base import LLMRequest
+from agentvm.errors import QuotaExceeded, RateLimited
+from agentvm.ids import now_ms
+from agentvm.money import COST_QUANTUM, MILLION, ModelPrice, cost_of, money_text, price_for
+from agentvm.ports import UsageLedger
+
+log = logging.getLogger(__name__)
+
+# An image or document block counts as this many input tokens in the worst case (Anthropic scales
+# images to at most ~1.6k tokens; the margin covers documents' pages up to a few).
+BLOCK_TOKENS = 5_000
+_MEDIA = frozenset({"image", "document"})
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What one LLM call holds on its budgets until it settles."""
+
+    period: str
+    amount: Decimal
+    key_held: bool
+    started_at: int
+
+
+def worst_input_tokens(request: LLMRequest) -> int:
+    """An upper bound of the request's input tokens: a token covers at least one UTF-8 byte of text, so
+    the bytes of every string (plus a little per structural element) bound the count; media blocks
+    count `BLOCK_TOKENS` each instead of their base64 bytes."""
+    return _bound(request.messages) + _bound(request.system or "") + _bound(request.tools) + 16
+
+
+def _bound(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.encode()) + 2
+    if isinstance(value, dict):
+        if value.get("type") in _MEDIA:
+            return BLOCK_TOKENS
+        return 2 + sum(_bound(k) + _bound(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return 2 + sum(_bound(v) for v in value)
+    return 4  # numbers, booleans, null
+
+
+def worst_cost(request: LLMRequest, *, markup: Decimal, prices: Mapping[str, ModelPrice] | None) -> Decimal:
+    p = price_for(request.model, dict(prices) if prices is not None else None)
+    raw = (Decimal(worst_input_tokens(request)) * max(p.input, p.cache_write)
+           + Decimal(request.max_tokens) * p.output) / MILLION
+    return (raw * markup).quantize(COST_QUANTUM, rounding=ROUND_CEILING)
+
+
+class Meter:
+    """Holds, settles and limits LLM calls over a `UsageLedger`. Budgets are read through a short
+    cache (`budget_cache_s`); `forget` drops a tenant's entry when this process changes its budgets."""
+
+    def __init__(self, ledger: UsageLedger, *, budget_cache_s: float = 30.0,
+                 clock: Callable[[], int] = now_ms) -> None:
+        self.ledger = ledger
+        self.budget_cache_s = budget_cache_s
+        self._clock = clock
+        self._budgets: dict[str, tuple[float, dict[str | None, Budget]]] = {}
+
+    async def budgets(self, tenant_id: str) -> dict[str | None, Budget]:
+        hit = self._budgets.get(tenant_id)
+        if hit is not None and time.monotonic() - hit[0] < self.budget_cache_s:
+            return hit[1]
+        found = {b.key_id: b for b in await self.ledger.list_budgets(tenant_id)}
+        if len(self._budgets) > 10_000:
+            self._budgets.clear()
+        self._budgets[tenant_id] = (time.monotonic(), found)
+        return found
+
+    def forget(self, tenant_id: str) -> None:
+        self._budgets.pop(tenant_id, None)
+
+    async def admit(self, turn: Turn) -> None:
+        """Count a new turn against the requests-per-minute limits; `RateLimited` when one is full."""
+        budgets = await self.budgets(turn.tenant_id)
+        tenant, key = budgets.get(None), budgets.get(turn.key_id) if turn.key_id else None
+        tenant_limit = tenant.requests_per_minute if tenant else None
+        key_limit = key.requests_per_minute if key else None
+        if tenant_limit is None and key_limit is None:
+            return
+        refused = await self.ledger.admit(turn.tenant_id, turn.key_id, minute_of(self._clock()),
+                                          tenant_limit=tenant_limit, key_limit=key_limit)
+        if refused is not None:
+            limit = tenant_limit if refused == "tenant" else key_limit
+            whose = "this tenant" if refused == "tenant" else "this API key"
+            raise RateLimited(f"Rate limit reached: {whose} may start {limit} turns per minute. Try again "
+                              "in a minute.")
+
+    async def hold(self, turn: Turn, request: LLMRequest, *, markup: Decimal,
+                   prices: Mapping[str, ModelPrice] | None = None) -> Hold:
+        """Hold the call's worst case on the budgets that apply; `QuotaExceeded` when it does not fit."""
+        now = self._clock()
+        period = period_of(now)
+        budgets = await self.budgets(turn.tenant_id)
+        tenant, key = budgets.get(None), budgets.get(turn.key_id) if turn.key_id else None
+        tenant_cap = tenant.monthly if tenant else None
+        key_cap = key.monthly if key else None
+        if tenant_cap is None and key_cap is None:
+            return Hold(period, Decimal(0), False, now)
+        amount = worst_cost(request, markup=markup, prices=prices)
+        refused = await self.ledger.reserve(turn.tenant_id, turn.key_id, period, amount,
+                                            tenant_cap=tenant_cap, key_cap=key_cap)
+        if refused is not None:
+            cap = tenant_cap if refused == "tenant" else key_cap
+            whose = "this tenant's" if refused == "tenant" else "this API key's"
+            raise QuotaExceeded(
+                f"Budget exceeded: {whose} monthly budget of {money_text(cap or Decimal(0))} USD for {period} "
+                f"cannot cover this call (up to {money_text(amount)} USD for {request.max_tokens} output tokens).")
+        return Hold(period, amount, key_cap is not None, now)
+
+    async def release(self, turn: Turn, hold: Hold) -> None:
+        if hold.amount:
+            await self.ledger.release(turn.tenant_id, turn.key_id, hold.period, hold.amount, key_held=hold.key_held)
+
+    async def settle(self, turn: Turn, hold: Hold, *, call: int, provider: str, model: str, usage: Usage,
+                     status: str, markup: Decimal, prices: Mapping[str, ModelPrice] | None = None) -> UsageRecord:
+        """Write the call's usage record once and replace its hold by its billed cost. A ledger failure
+        is logged with the whole record (the turn row keeps the usage too) and does not fail the turn."""
+        cost = cost_of(usage, model, markup=markup, prices=dict(prices) if prices is not None else None)
+        record = UsageRecord(
+            record_id=f"{turn.turn_id}#llm#{call}", tenant_id=turn.tenant_id, key_id=turn.key_id,
+            container_id=turn.container_id, image_id=turn.image_id, session_id=turn.session_id,
+            turn_id=turn.turn_id, kind="llm", provider=provider, model=model, usage=usage,
+            list_cost=cost.list, billed_cost=cost.billed, tier=turn.tier, status=status,
+            started_at=hold.started_at, ended_at=max(self._clock(), hold.started_at))
+        await self._write(record, hold)
+        return record
+
+    async def sandbox(self, turn: Turn, *, started_at: int) -> UsageRecord:
+        """The container tier's time for a turn (free: users pay tokens), recorded once."""
+        ended = max(self._clock(), started_at)
+        record = UsageRecord(
+            record_id=f"{turn.turn_id}#sandbox", tenant_id=turn.tenant_id, key_id=turn.key_id,
+            container_id=turn.container_id, image_id=turn.image_id, session_id=turn.session_id,
+            turn_id=turn.turn_id, kind="sandbox", provider="agentvm", model=None, usage=Usage(),
+            list_cost=Decimal(0), billed_cost=Decimal(0), tier="container", status=str(turn.status),
+            started_at=started_at, ended_at=ended, sandbox_ms=ended - started_at)
+        await self._write(record, Hold(period_of(ended), Decimal(0), False, started_at))
+        return record
+
+    async def _write(self, record: UsageRecord, hold: Hold) -> None:
+        try:
+            await self.ledger.settle(record, reserved=hold.amount, reserved_period=hold.period,
+                                     key_held=hold.key_held)
+        except Exception:
+            log.exception("usage record not written", extra={"usage_record": record.to_wire()})
