@@ -6,6 +6,7 @@ from __future__ import annotations
 import calendar
 import csv
 import io
+import json
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -103,3 +104,39 @@ def test_the_http_api_serves_each_tenant_its_usage_budgets_and_logs(cloud: cloud
     status, body = call("PUT", "/v1/budgets", acme, body={"monthlyBudget": "5"})
     assert status == 200 and '"monthlyBudget":"5"' in body
     assert call("GET", "/v1/logs", acme)[0] == 200
+
+
+def test_the_http_api_reads_a_tenants_metrics_from_the_turn_log(cloud: cloud_runtime.CloudRuntime) -> None:
+    from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
+    from agentvm.auth.api_keys import new_key
+    from agentvm.domain.models import Checkpoint, Turn, TurnStatus
+    from agentvm.ids import now_ms
+    from tests.cloud.test_handlers import http_event
+
+    acme_key, acme = new_key("acme")
+    other_key, other = new_key("globex")
+    for key in (acme_key, other_key):
+        cloud_runtime.run(DynamoDBKeys(cloud.store).put_key(key))
+    now = now_ms()
+    turns = [Turn("acme", f"turn_{i}", "sess_1", "img_1", "cont_1", f"m{i}", status, now - 5_000 + i,
+                  usage=Usage(100 * (i + 1), 10), started_at=now - 5_000, ended_at=now - 5_000 + ms)
+             for i, (status, ms) in enumerate([(TurnStatus.COMPLETED, 1_000), (TurnStatus.COMPLETED, 2_000),
+                                               (TurnStatus.FAILED, 3_000), (TurnStatus.COMPLETED, 4_000)])]
+    cloud_runtime.run(cloud.store.commit(Checkpoint("acme", "sess_1", turns=turns)))
+    api = load_handler("http_api")
+
+    def metrics(token: str, window: str = "all") -> dict[str, object]:
+        res = api.handler(http_event("GET", "/v1/metrics", token=token, query=f"window={window}"), None)
+        assert res["statusCode"] == 200, res["body"]
+        return dict(json.loads(res["body"]))
+
+    got = metrics(acme, "5m")
+    assert got["turns"] == {"total": 4, "completed": 3, "failed": 1, "interrupted": 0}
+    assert (got["successRate"], got["errorRate"]) == (0.75, 0.25)
+    assert got["tokens"] == {"input": 1000, "output": 40, "cacheRead": 0, "cacheWrite": 0}
+    assert got["latencyMs"] == {"firstToken": {"p50": None, "p95": None, "samples": 0},
+                                "turn": {"p50": 2000, "p95": 4000, "samples": 4}}
+    assert got["active"] == {"containers": None, "connections": None}  # CloudWatch's, not the turn log's
+    assert metrics(other)["turns"] == {"total": 0, "completed": 0, "failed": 0, "interrupted": 0}
+    bad = api.handler(http_event("GET", "/v1/metrics", token=acme, query="window=2d"), None)
+    assert bad["statusCode"] == 400 and "window" in bad["body"]

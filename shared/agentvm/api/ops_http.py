@@ -17,7 +17,13 @@ from agentvm.domain.cursors import next_turn_cursor
 from agentvm.domain.models import TERMINAL_TURN_STATUSES, Principal, Turn, TurnStatus
 from agentvm.errors import InvalidRequest
 from agentvm.ports import Store
-from agentvm.services.metrics import PROMETHEUS_CONTENT_TYPE, TenantMetrics, TurnMetrics, parse_window
+from agentvm.services.metrics import (
+    PROMETHEUS_CONTENT_TYPE,
+    TenantMetrics,
+    TurnMetrics,
+    parse_window,
+    turn_log_metrics,
+)
 
 JSON = dict[str, Any]
 
@@ -140,6 +146,15 @@ def ops_router(principal_for: Callable[[Request], Awaitable[Principal]], *,
                         response_class=Response)
             async def prometheus(_admin: Admin) -> Response:
                 return Response(registry().prometheus(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    if metrics is None and turn_log is not None:
+        log_store = turn_log
+
+        @router.get("/v1/metrics", summary="The caller's turns from the turn log: counts, success and error "
+                                           "rates, tokens, turn latency p50/p95")
+        async def turn_log_tenant_metrics(p: Caller, window: Annotated[str, Query(
+                max_length=8, description="`all` (the last 24 h), or 1m to 60m / 1h")] = "all") -> JSON:
+            return metrics_wire(await turn_log_metrics(log_store(), p.tenant_id, parse_window(window)))
 
     if turn_log is not None:
         store = turn_log

@@ -21,12 +21,16 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from agentvm import __version__
 from agentvm.domain.models import Turn, TurnStatus
 from agentvm.domain.usage import model_family
 from agentvm.errors import InvalidRequest
 from agentvm.ids import now_ms
+
+if TYPE_CHECKING:
+    from agentvm.ports import Store
 
 WINDOW_MAX_MINUTES = 60
 SAMPLES_PER_TENANT = 256
@@ -184,8 +188,8 @@ class TenantMetrics:
     counts: Counts
     first_token: Latency
     turn: Latency
-    active_containers: int
-    active_connections: int
+    active_containers: int | None  # None: not known here (the cloud's turn-log metrics)
+    active_connections: int | None
 
     @property
     def success_rate(self) -> float | None:
@@ -198,6 +202,35 @@ class TenantMetrics:
 
 def _latency(sorted_ms: list[int]) -> Latency:
     return Latency(percentile(sorted_ms, 50), percentile(sorted_ms, 95), len(sorted_ms))
+
+
+# the turn-log metrics read at most this many turns (newest first) per request
+TURN_LOG_MAX_TURNS = 2_000
+
+
+async def turn_log_metrics(store: Store, tenant_id: str, window_minutes: int | None, *,
+                           now: int | None = None) -> TenantMetrics:
+    """A tenant's metrics read from the store's turn log, where no process sees every turn (the
+    cloud: each turn runs in some `chat_turn`): finished turns created in the window (`None`: the last 24 h),
+    at most `TURN_LOG_MAX_TURNS` of them. Turn latency comes from each turn's duration; first-token
+    latency and the active gauges are not kept there (CloudWatch has them, docs/observability.md)."""
+    end = now_ms() if now is None else now
+    start = (end // 60_000 - window_minutes + 1) * 60_000 if window_minutes is not None else end - 86_400_000
+    counts, totals = Counts(), []
+    cursor: str | None = None
+    seen = 0
+    while seen < TURN_LOG_MAX_TURNS:
+        page, cursor = await store.list_tenant_turns(tenant_id, since_ms=start, until_ms=end + 1,
+                                                     limit=min(200, TURN_LOG_MAX_TURNS - seen), cursor=cursor)
+        for turn in page:
+            counts.add(turn)
+            if turn.duration_ms is not None:
+                totals.append(max(0, turn.duration_ms))
+        seen += len(page)
+        if cursor is None or not page:
+            break
+    totals.sort()
+    return TenantMetrics(tenant_id, window_minutes, start, end, counts, _latency([]), _latency(totals), None, None)
 
 
 class TurnMetrics:
