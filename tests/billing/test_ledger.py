@@ -5,6 +5,8 @@ is one idempotent record."""
 
 from __future__ import annotations
 
+import csv
+import io
 from collections import Counter
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -152,3 +154,55 @@ async def test_configured_prices_replace_the_shipped_rows_for_the_next_turn(tmp_
         r = (await http.post("/api/v1/agents/chat_basic/execute", json={"task": "tools"})).json()
         # (900 × 6 + 77 × 30 + 333 × 0.6 + 1010 × 6 + 12 × 30) / 1e6 = 0.0143298; × 1.05
         assert r["cost"] == {"list": "0.01432980", "billed": "0.01504629", "currency": "USD"}
+
+
+TOOL_SCRIPT = """
+rules:
+  - match: "^list"
+    responses:
+      - model: claude-haiku-4-5
+        text: ["Looking."]
+        tool_calls: [{id: toolu_ls, name: bash, input: {command: "ls"}}]
+        usage: {input_tokens: 400, output_tokens: 30}
+      - {model: claude-haiku-4-5, text: ["Three folders."], usage: {input_tokens: 520, output_tokens: 6}}
+"""
+
+
+async def test_a_container_tier_turn_records_its_calls_and_its_free_sandbox_time(tmp_path: Path) -> None:
+    from tests.support.stock_client import StockClient
+
+    async with in_process(tmp_path / "data", driver=ScriptedDriver(parse_script(TOOL_SCRIPT))) as srv, \
+            StockClient(srv.url) as client, httpx.AsyncClient(base_url=srv.http, timeout=30) as http:
+        image = await client.new_image("c-tools", tools=["bash"])
+        events = await client.turn(image["imageId"], "list the workspace")
+        done = events[-1]["data"]
+        assert (done["status"], done["tier"]) == ("completed", "container")
+        meter = srv.runtime.services.deps.meter
+        assert meter is not None
+        records = await meter.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+        llm = [r for r in records if r.kind == "llm"]
+        [sandbox] = [r for r in records if r.kind == "sandbox"]
+        # the first call ran in the function tier and escalated; the second in the container tier
+        assert [(r.record_id.split("#", 1)[1], r.tier, r.usage) for r in llm] == [
+            ("llm#1", "function", Usage(400, 30)), ("llm#2", "container", Usage(520, 6))]
+        assert (sandbox.record_id, sandbox.billed_cost, sandbox.tier) == (f"{done['turnId']}#sandbox", 0, "container")
+        assert 0 <= sandbox.sandbox_ms <= done["durationMs"]
+        assert Decimal(done["cost"]["billed"]) == sum(r.billed_cost for r in llm)
+        focus = await http.get("/v1/usage/export", params={"period": period_of(now_ms())})
+        rows = list(csv.DictReader(io.StringIO(focus.text)))
+        [seconds] = [r for r in rows if r["ConsumedUnit"] == "Seconds"]
+        assert (seconds["SkuId"], Decimal(seconds["BilledCost"])) == ("agentvm/sandbox/container-time", 0)
+
+
+async def test_prices_from_the_config_file_are_a_nested_mapping(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("billing:\n  prices:\n    claude-haiku-4:\n      input: 2\n      output: '10'\n"
+                      "      cacheWrite: 2.5\n      cacheRead: 0.2\n")
+    async with in_process(tmp_path / "data", driver=ScriptedDriver(parse_script(SCRIPT)), config_file=config) as srv, \
+            httpx.AsyncClient(base_url=srv.http, timeout=30) as http:
+        got = (await http.get("/v1/config/billing.prices")).json()
+        assert got["source"] == "file" and got["value"] == {
+            "claude-haiku-4": {"input": "2", "output": "10", "cacheWrite": "2.5", "cacheRead": "0.2"}}
+        r = (await http.post("/api/v1/agents/chat_basic/execute", json={"task": "haiku"})).json()
+        # (301 × 2 + 45 × 10) / 1e6 = 0.001052; × 1.05
+        assert r["cost"] == {"list": "0.00105200", "billed": "0.00110460", "currency": "USD"}

@@ -430,13 +430,13 @@ class TurnRunner:
         turn.list_cost, turn.billed_cost = money_text(cost.list), money_text(cost.billed)
         turn.ended_at = now_ms()
         duration = turn.ended_at - (turn.started_at or turn.ended_at)  # across tiers for an escalated turn
+        if self.meter is not None and self.options.tier == "container":  # recorded before the client hears
+            await self.meter.sandbox(turn, started_at=self._started_here)
         self.channel.publish("turn_response", {
             "turnId": turn.turn_id, "messageId": msg.message_id, "durationMs": duration,
             "usage": usage.to_wire(), "cost": cost.to_wire(), "model": turn.model, "tier": turn.tier,
             "stopReason": msg.stop_reason, "status": str(turn.status), "timestamp": turn.ended_at})
         await self._checkpoint(turn)
-        if self.meter is not None and self.options.tier == "container":
-            await self.meter.sandbox(turn, started_at=self._started_here)
         if self.observer is not None:
             first = self._first_delta_at - turn.started_at if self._first_delta_at and turn.started_at else None
             self.observer(turn, first)
