@@ -39,6 +39,8 @@ test: lint typecheck unit  ## install dev dependencies, lint, type-check and run
 
 bench: $(DEV_STAMP)  ## full benchmarks; results go to docs/benchmarks.md and docs/cost-model.md by hand
 	$(BIN)/python -m tests.bench.run $(ARGS)
+	$(BIN)/python -m tests.bench.many_clients --json .bench/many-clients.json
+	$(BIN)/python -m tests.bench.storm --json .bench/storm.json
 	$(BIN)/python -m tests.bench.aws_calls --json .bench/aws-calls.json
 	$(BIN)/python -m tests.bench.cost_model --counts .bench/aws-calls.json
 

@@ -20,7 +20,7 @@ from agentvm.adapters.local.hub_feed import HubFeeds
 from agentvm.adapters.local.local_container_tier import LocalContainerTier
 from agentvm.adapters.local.local_disk import LocalDisk
 from agentvm.adapters.local.local_env import EnvLLMProvider, ProcessEnv
-from agentvm.adapters.local.local_process import LocalProcessRunner
+from agentvm.adapters.local.local_process import LocalProcessRunner, reap_dead_tools
 from agentvm.adapters.local.sqlite_config import SqliteConfigStore
 from agentvm.adapters.local.sqlite_keys import SqliteKeys
 from agentvm.adapters.local.sqlite_store import SqliteStore
@@ -159,6 +159,9 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
         await store.open()
         await config.load_file()  # a bad config file stops the server here, naming the key
         await recover_unfinished_turns(store)
+        # nothing runs yet: holds and tool processes still there were left by a crash (kill -9)
+        await ledger.release_all_holds()
+        await asyncio.to_thread(reap_dead_tools)
         maintenance = asyncio.get_running_loop().create_task(_maintain(runtime))
         try:
             yield

@@ -64,6 +64,14 @@ class ContainerUnavailable(AgentVMError):
     http_status = 503
 
 
+class WorkerLost(AgentVMError):
+    """The process running a turn stopped before the turn finished (cloud: a `chat_turn` invocation
+    or container task that died holding the session's lease)."""
+
+    code = "worker_lost"
+    http_status = 503
+
+
 class UpstreamError(AgentVMError):
     """The LLM provider (or another upstream) failed. `code` is the provider's error code."""
 

@@ -27,6 +27,11 @@ def _rand(k: int) -> str:
     return "".join(_ALPHABET[b % 36] for b in secrets.token_bytes(k))
 
 
+# The last millisecond an ISO 8601 date can name (9999-12-31T23:59:59.999Z): the bound of an epoch-ms
+# time a client passes (beyond 2^63 it would not even fit the stores' integers).
+MAX_EPOCH_MS = 253_402_300_799_999
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 

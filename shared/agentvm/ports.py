@@ -159,10 +159,12 @@ class SessionLeases(Protocol):
     session's turn queue and signals, all on one record so each step is one conditional write."""
 
     async def acquire(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
-                      seq_block: int) -> LeaseState | None:
+                      seq_block: int, *, runner: bool = False) -> LeaseState | None:
         """The lease (free, expired, or already `owner`'s) with a reserved block of seqs, or None
         when another owner holds it or the session does not exist. The block starts at the seq the
-        last holder handed on at its release (`next_seq`), else above everything reserved."""
+        last holder handed on at its release (`next_seq`), else above everything reserved.
+        `runner`: the holder runs turns; it is marked on the record until its `release(runner=True)`,
+        so a marker found there (`LeaseState.dead_runner`) names a runner that died mid-turn."""
         ...
 
     async def renew(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> LeaseState | None:
@@ -171,12 +173,14 @@ class SessionLeases(Protocol):
 
     async def release(self, tenant_id: str, session_id: str, owner: str, *, queue: str | None = None,
                       done: Collection[str] = (), announced: Collection[tuple[str, str]] = (),
-                      served: Collection[str] = (), next_seq: int | None = None) -> LeaseState | None:
+                      served: Collection[str] = (), next_seq: int | None = None,
+                      runner: bool = False) -> LeaseState | None:
         """Give the lease up, in the same write adding `queue` to the queue and removing finished
         turns, announced messages and served subscriptions. `next_seq`: the first seq this holder
         did not use; the next holder continues there (one gap-free seq order across holders, e.g.
-        a turn escalated from `chat_turn` to the container task). Returns what is left to do
-        (release then recheck), or None when `owner` no longer held the lease."""
+        a turn escalated from `chat_turn` to the container task). `runner`: also clear the runner
+        marker (the holder's turns are settled). Returns what is left to do (release then
+        recheck), or None when `owner` no longer held the lease."""
         ...
 
     async def poll(self, tenant_id: str, session_id: str, *, consistent: bool = False) -> LeaseState:

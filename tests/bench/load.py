@@ -66,13 +66,17 @@ class RawConn:
     async def recv(self) -> tuple[bytes, Event]:
         """The next frame (raw) and its event, ACKing a wrapper first."""
         raw = await self.ws.recv(decode=False)
+        return raw, await self.ack(raw)
+
+    async def ack(self, raw: str | bytes) -> Event:
+        """The event of a received frame, ACKing a wrapper first."""
         assert isinstance(raw, bytes)
         body = orjson.loads(raw)
         mid = body.get("__msgId")
         if mid is None:
-            return raw, body
+            return body
         await self.ws.send('{"__ack":' + orjson.dumps(mid).decode() + "}")
-        return raw, orjson.loads(body["__payload"])
+        return orjson.loads(body["__payload"])
 
     async def request(self, type_: str, data: Event, request_id: str | None = None,
                       record: list[str] | None = None) -> Event:

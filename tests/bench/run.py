@@ -530,15 +530,20 @@ def wait_until_idle(limit_s: float) -> float:
     return share
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.run", description=__doc__,
+def bench_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+    """The options every load benchmark takes: --quick, --json, --wait-idle."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the small version run by the smoke test")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--wait-idle", type=float, metavar="SECONDS",
                         help="first wait up to this long (at most 180) for other processes to go quiet "
                              "(default: 120, quick: 0)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = bench_parser("python -m tests.bench.run", __doc__).parse_args(argv)
     sizes = QUICK if args.quick else FULL
     wait = args.wait_idle if args.wait_idle is not None else (0.0 if args.quick else 120.0)
     info = machine()

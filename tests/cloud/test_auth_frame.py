@@ -161,7 +161,9 @@ async def test_a_bad_auth_frame_is_refused_at_once(cloud: Cloud, frame: dict[str
     async with StockClient(cloud.edge.url) as client:
         cid = await only_connection(cloud, before)
         await client.send_raw(frame)
-        await refused(cloud, client, cid, reason, within_s=AUTH_TIMEOUT_S)  # no waiting for a deadline
+        # refused for what the frame holds, not for a missed deadline (that reason would be "no auth
+        # frame within …"); the time allowed is generous only for a loaded machine
+        await refused(cloud, client, cid, reason, within_s=AUTH_TIMEOUT_S + 5)
 
 
 async def test_an_auth_frame_after_the_deadline_is_refused(cloud: Cloud) -> None:

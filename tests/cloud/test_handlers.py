@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moto.apigatewaymanagementapi.models import apigatewaymanagementapi_backends
-from moto.core import DEFAULT_ACCOUNT_ID
 
 from agentvm import __version__
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
@@ -19,6 +17,7 @@ from agentvm.auth.api_keys import ApiKey, new_key
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.domain.models import ConnectionRecord, Subscription
 from tests.support.cloud_edge import load_handler
+from tests.support.moto_posts import posted_frames
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = Path(__file__).parent / "events"
@@ -115,18 +114,6 @@ def test_connect_refuses_wrong_and_revoked_keys_and_holds_a_keyless_one_for_its_
     assert handler(connect_event(None), None) == {"statusCode": 200}
     record = cloud_runtime.run(cloud.registry.get_connection(conn))
     assert record is not None and not record.authenticated and record.tenant_id == ""
-
-
-def posted_frames(connection_id: str) -> list[dict[str, Any]]:
-    """What the handlers posted to a connection, read back from moto's management-API backend."""
-    backend = apigatewaymanagementapi_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]
-    key = urllib.parse.quote(connection_id, safe="")  # moto keeps the id as it appears in the path
-    data = backend.connections[key].data.decode() if key in backend.connections else ""
-    frames, decoder, pos = [], json.JSONDecoder(), 0
-    while pos < len(data):
-        frame, pos = decoder.raw_decode(data, pos)
-        frames.append(frame)
-    return frames
 
 
 def test_a_frame_from_an_unknown_connection_is_answered_with_an_error(cloud: cloud_runtime.CloudRuntime) -> None:

@@ -25,8 +25,9 @@ from agentvm.cloud import runtime as cloud_runtime
 from agentvm.domain.models import ConnectionRecord
 from agentvm.domain.usage import model_family
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
-from tests.cloud.test_handlers import connect_event, event, posted_frames
+from tests.cloud.test_handlers import connect_event, event
 from tests.support.cloud_edge import FUNCTIONS, REPO, load_handler
+from tests.support.moto_posts import posted_frames
 
 SCRIPT = """
 rules:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from agentvm.adapters.local.ws_hub import OVERFLOW_REASON
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
+from tests.support.raw_ws import read_until_close
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient
 
@@ -65,6 +67,9 @@ async def test_a_client_that_stops_reading_is_closed_and_others_keep_going(tmp_p
                     break
                 await asyncio.sleep(0.05)
             assert len(hub) == baseline - 1
+            # reading again, the client finds what was already buffered, then the close frame and its reason
+            _frames, code, reason = await read_until_close(sock, 10)
+            assert (code, reason) == (1013, OVERFLOW_REASON)
             # others are not slowed: a full turn on another connection completes promptly
             async with StockClient(srv.url) as other:
                 other_image = await other.new_image("c2")

@@ -5,6 +5,8 @@ bodies) serving `POST /v1/messages` as Anthropic does — SSE for `stream: true`
 content_block_start, ping, content_block_delta, content_block_stop, message_delta, message_stop),
 a JSON message otherwise. Responses come from a queue of scripted `Reply` / `ErrorReply` objects;
 when the queue is empty a short default text reply is served. Every request is recorded.
+Responses enqueued with `match=` are served only to requests whose body contains that text (e.g. a
+marker in the user message), before the shared queue: concurrent conversations stay scripted.
 
 In tests (the server runs on its own thread, so it works from sync and async code alike):
 
@@ -31,6 +33,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -129,14 +132,18 @@ class Interrupt:
 
     kind "error": an `event: error` SSE event, then the stream ends (as the API does);
     "disconnect": the connection is cut (no chunked terminator); "truncate": the stream ends
-    cleanly but early, without message_delta / message_stop. A non-streamed reply with an
-    "error" interrupt is answered with that error's HTTP status; the other kinds cut it.
+    cleanly but early, without message_delta / message_stop; "malformed": `raw` is sent as is
+    (by default an event whose `data:` line is cut mid-JSON; surrogate escapes such as "\\udcff"
+    become raw bytes, for invalid UTF-8), then the stream goes on as scripted,
+    so a client that skipped the bad event would see the reply complete. A non-streamed reply with
+    an "error" interrupt is answered with that error's HTTP status; the other kinds cut it.
     """
 
     after_deltas: int = 0
-    kind: Literal["error", "disconnect", "truncate"] = "error"
+    kind: Literal["error", "disconnect", "truncate", "malformed"] = "error"
     error_type: str = "overloaded_error"
     message: str = "Overloaded"
+    raw: str = 'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, "delta": {"ty\n\n'
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,17 +174,18 @@ class ErrorReply:
     headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def rate_limit(cls, retry_after_s: int = 1,
+    def rate_limit(cls, retry_after_s: float = 1,
                    message: str = "Number of request tokens has exceeded your rate limit.") -> Self:
         return cls(429, "rate_limit_error", message, {"retry-after": str(retry_after_s)})
 
     @classmethod
-    def overloaded(cls, message: str = "Overloaded") -> Self:
-        return cls(529, "overloaded_error", message)
+    def overloaded(cls, message: str = "Overloaded", retry_after_s: float | None = None) -> Self:
+        return cls(529, "overloaded_error", message,
+                   {} if retry_after_s is None else {"retry-after": str(retry_after_s)})
 
     @classmethod
-    def api_error(cls, message: str = "Internal server error") -> Self:
-        return cls(500, "api_error", message)
+    def api_error(cls, message: str = "Internal server error", retry_after_s: float | None = None) -> Self:
+        return cls(500, "api_error", message, {} if retry_after_s is None else {"retry-after": str(retry_after_s)})
 
     @classmethod
     def invalid_request(cls, message: str = "Invalid request") -> Self:
@@ -193,6 +201,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]  # lower-cased names
     body: JSON  # {} when the body was not a JSON object
+    at: float = 0.0  # time.monotonic() when the request was read (retry gaps)
 
     @property
     def api_key(self) -> str | None:
@@ -212,7 +221,8 @@ def response_from_json(obj: JSON) -> Response:
                 | {"type": "thinking", "chunks": ["..."]}],
      "stop_reason": "end_turn", "usage": {"input_tokens": 10, ...}, "start_usage": {...},
      "delta_reports_input": false, "message_id": "msg_1", "model": "m",
-     "interrupt": {"after_deltas": 1, "kind": "error", "error_type": "...", "message": "..."},
+     "interrupt": {"after_deltas": 1, "kind": "error", "error_type": "...", "message": "...",
+                   "raw": "(kind malformed: the bytes to send)"},
      "delay_s": 0, "event_delay_s": 0}
     """
     if "error" in obj:
@@ -345,6 +355,7 @@ class FakeAnthropic:
         self._default = default or Reply()
         self._lock = threading.Lock()
         self._queue: deque[Response] = deque()
+        self._routes: dict[str, deque[Response]] = {}  # match text -> its own queue
         self._requests: list[RecordedRequest] = []
         self._ids = {"msg": itertools.count(1), "req": itertools.count(1)}
         self._bound_port: int | None = None
@@ -355,14 +366,26 @@ class FakeAnthropic:
 
     # scripting and inspection
 
-    def enqueue(self, *responses: Response) -> None:
+    def enqueue(self, *responses: Response, match: str | None = None) -> None:
+        """Queue responses; with `match`, only for requests whose raw body contains that text."""
         with self._lock:
-            self._queue.extend(responses)
+            if match is None:
+                self._queue.extend(responses)
+            else:
+                self._routes.setdefault(match, deque()).extend(responses)
 
     @property
     def pending(self) -> int:
         with self._lock:
-            return len(self._queue)
+            return len(self._queue) + sum(len(q) for q in self._routes.values())
+
+    def _take(self, raw_body: bytes) -> Response:
+        with self._lock:
+            text = raw_body.decode("utf-8", "replace")
+            for match, queue in self._routes.items():
+                if queue and match in text:
+                    return queue.popleft()
+            return self._queue.popleft() if self._queue else self._default
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -380,6 +403,7 @@ class FakeAnthropic:
         """Drop queued responses and recorded requests."""
         with self._lock:
             self._queue.clear()
+            self._routes.clear()
             self._requests.clear()
 
     @property
@@ -499,7 +523,7 @@ class FakeAnthropic:
         except ValueError:
             body = None
         recorded = RecordedRequest(request.method, path, dict(request.headers),
-                                   body if isinstance(body, dict) else {})
+                                   body if isinstance(body, dict) else {}, time.monotonic())
         with self._lock:
             self._requests.append(recorded)
         if self._api_key is not None and recorded.api_key != self._api_key:
@@ -512,8 +536,7 @@ class FakeAnthropic:
             if required not in body:
                 return await self._send_error(
                     writer, ErrorReply.invalid_request(f"{required}: Field required"), request_id)
-        with self._lock:
-            response = self._queue.popleft() if self._queue else self._default
+        response = self._take(request.body)
         if isinstance(response, ErrorReply):
             return await self._send_error(writer, response, request_id)
         if response.delay_s:
@@ -616,7 +639,12 @@ class FakeAnthropic:
                 if interrupt.kind == "error":
                     writer.write(_chunk(_sse("error", _error_body(interrupt.error_type, interrupt.message,
                                                                   request_id))))
-                break
+                if interrupt.kind == "malformed":
+                    writer.write(_chunk(interrupt.raw.encode("utf-8", "surrogateescape")))
+                    await writer.drain()
+                    interrupt = None  # sent once; the stream goes on as scripted
+                else:
+                    break
             if reply.event_delay_s:
                 await asyncio.sleep(reply.event_delay_s)
             writer.write(_chunk(_sse(name, data)))

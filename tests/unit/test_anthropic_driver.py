@@ -336,6 +336,31 @@ async def test_stream_cut_mid_way_is_a_connection_error(fake: FakeAnthropic, dri
     _assert_no_key(exc)
 
 
+@pytest.mark.parametrize("raw", ['event: content_block_delta\ndata: {"type": "content_bl\n\n',
+                                 "event: content_block_delta\ndata: <html>502</html>\n\n",
+                                 'event: content_block_delta\ndata: {"type": "\udcff"}\n\n'],
+                         ids=["truncated-json", "garbage", "invalid-utf8"])
+async def test_a_malformed_event_mid_stream_is_a_malformed_response(fake: FakeAnthropic, driver: Driver,
+                                                                     raw: str) -> None:
+    fake.enqueue(Reply([Text(["one", "two"])], message_id="msg_m", interrupt=Interrupt(1, "malformed", raw=raw)))
+
+    events, exc = await _collect_until_error(driver)
+
+    assert events == [MessageStart("msg_m", MODEL, Usage(10, 1, 0, 0)), TextDelta("one")]
+    # no parser internals (exception names, character offsets) in the message a client sees
+    assert (exc.code, exc.retryable, exc.message) == ("malformed_response", True,
+                                                      "Anthropic sent a malformed stream event")
+
+
+async def test_a_junk_line_that_is_no_sse_field_is_ignored(fake: FakeAnthropic, driver: Driver) -> None:
+    fake.enqueue(Reply([Text(["one", "two"])], interrupt=Interrupt(1, "malformed", raw="<html>oops</html>\n")))
+
+    events = await _collect(driver)  # the WHATWG parser ignores a line with an unknown field name
+
+    assert [e for e in events if isinstance(e, TextDelta)] == [TextDelta("one"), TextDelta("two")]
+    assert isinstance(events[-1], MessageStop)
+
+
 async def test_connection_refused(make_driver: MakeDriver) -> None:
     driver = make_driver(f"http://127.0.0.1:{_free_port()}")
 

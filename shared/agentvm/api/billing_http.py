@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from agentvm.ids import now_ms
+from agentvm.ids import MAX_EPOCH_MS, now_ms
 from agentvm.services.billing import FORMATS, GROUPS, BillingService, window
 from agentvm.services.keys import Caller
 
@@ -51,8 +51,10 @@ def billing_router(billing: Callable[[], BillingService],
     @router.get("/usage", summary="Usage aggregates of the tenant: totals and rows per group")
     async def usage(
         caller: Who,
-        since: Annotated[int | None, Query(ge=0, description="epoch ms, inclusive (default: 30 days ago)")] = None,
-        until: Annotated[int | None, Query(ge=0, description="epoch ms, exclusive (default: now)")] = None,
+        since: Annotated[int | None, Query(ge=0, le=MAX_EPOCH_MS,
+                                           description="epoch ms, inclusive (default: 30 days ago)")] = None,
+        until: Annotated[int | None, Query(ge=0, le=MAX_EPOCH_MS,
+                                           description="epoch ms, exclusive (default: now)")] = None,
         period: Annotated[str | None, Query(description="a month (2026-11) or a day (2026-11-05) instead of "
                                                         "since/until")] = None,
         group_by: Annotated[str, Query(alias="groupBy", description=f"comma-separated: {', '.join(GROUPS)}")]

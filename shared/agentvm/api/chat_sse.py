@@ -22,7 +22,15 @@ from agentvm.services.chat import HEARTBEAT_S, ChatEvent, ChatService, ChatTurn
 
 JSON = dict[str, Any]
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# documented as what it is (FastAPI would say application/json): the schema is each event's
+SSE_EVENT: JSON = {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"enum": ["thought", "message", "error", "done"]},
+    "id": {"type": "string", "description": "the event's seq in its session: Last-Event-ID to resume after it"},
+    "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"type": "object"}}}}
+SSE_RESPONSE: dict[int | str, Any] = {200: {"description": "The turn's events (Server-Sent Events)",
+                                            "content": {"text/event-stream": {"schema": SSE_EVENT}}}}
 EXECUTE_TIMEOUT_S = 600.0
+MAX_EVENT_ID = (1 << 53) - 1
 
 
 class ChatConfig(BaseModel):
@@ -90,6 +98,8 @@ def last_event_id(value: str | None) -> int | None:
             from None
     if seq < 0:
         raise InvalidRequest("Last-Event-ID: must not be negative", field="Last-Event-ID")
+    if seq > MAX_EVENT_ID:  # no session has that many events (and the stores' integers end at 2^63)
+        raise InvalidRequest(f"Last-Event-ID: {value!r} is not an event id of this API", field="Last-Event-ID")
     return seq
 
 
@@ -129,7 +139,8 @@ def chat_router(chat: Callable[[], ChatService],
     def streaming(turn: ChatTurn) -> StreamingResponse:
         return StreamingResponse(_stream(turn, heartbeat_s), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    @router.post("/chat/completions", summary="Send a message and stream the turn (SSE)")
+    @router.post("/chat/completions", summary="Send a message and stream the turn (SSE)",
+                 response_class=StreamingResponse, responses=SSE_RESPONSE)
     async def completions(body: ChatRequest, p: Caller, last_event: LastEventId = None) -> StreamingResponse:
         after = last_event_id(last_event)
         if after is not None:  # a reconnect: the message is stored already; stream what was missed
@@ -145,7 +156,8 @@ def chat_router(chat: Callable[[], ChatService],
                                   message=content_wire(body.message), options=options, container_id=body.container_id)
         return streaming(turn)
 
-    @router.get("/chat/stream", summary="Follow a session's latest turn again (EventSource reconnects)")
+    @router.get("/chat/stream", summary="Follow a session's latest turn again (EventSource reconnects)",
+                response_class=StreamingResponse, responses=SSE_RESPONSE)
     async def stream(p: Caller, session_id: Annotated[str, Query(min_length=1, max_length=128)],
                      last_event: LastEventId = None,
                      last_event_query: Annotated[str | None, Query(alias="last_event_id")] = None) -> StreamingResponse:

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentvm import __version__
 from agentvm.api.config_http import config_router
@@ -63,21 +65,70 @@ class HttpApi:
     turn_log: Callable[[], Store] | None = None
 
 
+# Every error answer, request validation included: declared for each operation of the OpenAPI
+# document (FastAPI's default 422 is never sent: the handler below answers 400).
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["code", "message"], "properties": {
+            "code": {"type": "string", "description": "stable and machine-readable: invalid_request, not_found, …"},
+            "message": {"type": "string", "description": "for people; names the field when one is wrong"},
+            "field": {"type": "string", "description": "the invalid field or parameter, when there is one"}}}}}
+ERROR_STATUSES = {400: "Invalid request (a field is named)", 401: "No or an unknown API key",
+                  403: "The key may not do this", 404: "Not found", 409: "Conflict with the current state",
+                  413: "Request body too large", 429: "Budget or rate limit reached",
+                  502: "The LLM provider failed", 503: "Not configured, or no capacity now"}
+
+
+def _declare_errors(doc: dict[str, Any]) -> None:
+    doc.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    for schema in ("HTTPValidationError", "ValidationError"):
+        doc["components"]["schemas"].pop(schema, None)
+    ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for path, operations in doc.get("paths", {}).items():
+        if path.endswith("/health"):
+            continue  # always 200: the answer says what is wrong
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            for status, description in ERROR_STATUSES.items():
+                responses.setdefault(str(status), {"description": description, **ref})
+
+
 def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
                api: HttpApi | None = None) -> FastAPI:
     app = FastAPI(title="AgentVM", version=__version__, lifespan=lifespan,
                   description="AgentVM management API. The AgentX WebSocket protocol is served on /ws.")
 
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _declare_errors(generate())  # generate() keeps the document in app.openapi_schema
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+        if first.get("type") == "json_invalid":  # its location is a character position, not a field
+            loc = ["body"]
         field = ".".join(loc)
         message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
         body: dict[str, Any] = {"error": {"code": "invalid_request", "message": message}}
         if field:
             body["error"]["field"] = field
         return JSONResponse(body, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _unreadable(request: Request, exc: StarletteHTTPException) -> Response:
+        """FastAPI's 400 for a body it cannot read (not UTF-8: not JSON either) in the one error shape;
+        Starlette's own answers (an unknown path 404, a wrong method 405) stay as they are."""
+        if exc.status_code != 400:
+            return await http_exception_handler(request, exc)
+        return JSONResponse({"error": {"code": "invalid_request", "message": "body: cannot be read as JSON text",
+                                       "field": "body"}}, status_code=400)
 
     @app.exception_handler(AgentVMError)
     async def _agentvm_error(_request: Request, exc: AgentVMError) -> JSONResponse:

@@ -16,6 +16,7 @@ from agentvm.api.sessions_http import turn_wire
 from agentvm.domain.cursors import next_turn_cursor
 from agentvm.domain.models import TERMINAL_TURN_STATUSES, Principal, Turn, TurnStatus
 from agentvm.errors import InvalidRequest
+from agentvm.ids import MAX_EPOCH_MS
 from agentvm.ports import Store
 from agentvm.services.metrics import (
     PROMETHEUS_CONTENT_TYPE,
@@ -72,6 +73,8 @@ def parse_time(value: str | None, name: str) -> int | None:
         return None
     text = value.strip()
     if text.isdigit():
+        if int(text) > MAX_EPOCH_MS:
+            raise InvalidRequest(f"{name}: epoch milliseconds up to {MAX_EPOCH_MS} (the end of 9999)", field=name)
         return int(text)
     try:
         at = datetime.fromisoformat(text)

@@ -14,6 +14,7 @@ from pydantic.alias_generators import to_camel
 
 from agentvm.api.images_http import image_wire
 from agentvm.domain.models import Image, Principal, Session, Turn
+from agentvm.ids import MAX_EPOCH_MS
 from agentvm.protocol.commands import content_not_empty
 from agentvm.protocol.messages import UserContent, content_wire
 from agentvm.services.bundle import Services
@@ -108,8 +109,11 @@ def sessions_router(services: Callable[[], Services],
         return {"items": [turn_wire(t) for t in await services().session_center.turns(p, session_id)]}
 
     @router.get("/turns", summary="The caller's turn log: finished turns, newest first")
-    async def turn_log(p: Caller, since: Annotated[int | None, Query(ge=0, description="epoch ms, inclusive")] = None,
-                       until: Annotated[int | None, Query(ge=0, description="epoch ms, exclusive")] = None,
+    async def turn_log(p: Caller,
+                       since: Annotated[int | None, Query(ge=0, le=MAX_EPOCH_MS, description="epoch ms, inclusive")]
+                       = None,
+                       until: Annotated[int | None, Query(ge=0, le=MAX_EPOCH_MS, description="epoch ms, exclusive")]
+                       = None,
                        limit: Annotated[int, Query(ge=1, le=200)] = 50,
                        cursor: Annotated[str | None, Query(max_length=200)] = None) -> JSON:
         items, next_cursor = await services().deps.store.list_tenant_turns(

@@ -20,6 +20,7 @@ from agentvm.protocol import commands as cmd
 from agentvm.protocol.envelope import classify, encode, event, response
 from agentvm.protocol.events import SystemError
 from agentvm.protocol.messages import content_wire
+from agentvm.protocol.refused import refused_request
 from agentvm.services.bundle import Services
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,14 @@ class CommandRouter:
 
     async def handle_frame(self, principal: Principal, connection_id: str, text: str | bytes) -> None:
         frame = classify(text)
-        if frame.kind in ("ack", "invalid", "auth"):
-            return  # ACKs are transport-level; invalid JSON is ignored (spec §1.2); auth at the edge
+        if frame.kind == "invalid":  # ignored (spec §1.2), unless JSON the parser refused holds a request
+            refused = refused_request(text)
+            if refused is not None:
+                self._fail(connection_id, refused.name, refused.request_id,
+                           InvalidRequest(refused.message, field=refused.field), None)
+            return
+        if frame.kind in ("ack", "auth"):
+            return  # ACKs are transport-level; auth at the edge
         if frame.kind == "subscribe":
             await self._subscribe(principal, connection_id, frame.body)
         elif frame.kind == "request":

@@ -7,6 +7,7 @@ import binascii
 
 from agentvm.domain.models import Turn
 from agentvm.errors import InvalidRequest
+from agentvm.ids import MAX_EPOCH_MS
 
 
 def next_turn_cursor(last: Turn) -> str:
@@ -21,7 +22,7 @@ def turn_cursor(cursor: str | None) -> tuple[int, str] | None:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created, turn_id = raw.split("#", 1)
-        if not turn_id:
+        if not turn_id or not 0 <= int(created) <= MAX_EPOCH_MS:
             raise ValueError(raw)
         return int(created), turn_id
     except (ValueError, binascii.Error, UnicodeDecodeError):

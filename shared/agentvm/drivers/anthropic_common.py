@@ -72,6 +72,11 @@ def connection_error() -> UpstreamError:
                          retryable=True)
 
 
+def malformed_response() -> UpstreamError:
+    """A stream event that is not valid JSON (or UTF-8): the parser's details stay out of the message."""
+    return UpstreamError("Anthropic sent a malformed stream event", code="malformed_response", retryable=True)
+
+
 def unexpected_error(exc: Exception, api_key: str) -> UpstreamError:
     return UpstreamError(redact(f"Anthropic request failed: {type(exc).__name__}: {exc}", api_key),
                          code="upstream_error")

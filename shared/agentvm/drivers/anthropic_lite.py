@@ -7,10 +7,11 @@ same contract as the SDK driver (`agentvm.drivers.anthropic_sdk`): the same even
 same `UpstreamError` codes and `retryable` flags, and the API key never in an error message.
 
 Retries happen only before the first event was yielded, only for retryable failures (408, 429,
-5xx and 529 responses, an error event of a retryable type, connection errors and timeouts), at
-most `max_retries` times, after a jittered exponential backoff or the server's `retry-after`,
-capped at 8 s. An `x-should-retry: false` response header vetoes the retry, as it does for the
-SDK. Once an event was yielded a failure is raised as is: the caller has seen partial output.
+5xx and 529 responses, an error event of a retryable type, a malformed event, connection errors
+and timeouts), at most `max_retries` times, after a jittered exponential backoff or the server's
+`retry-after`, capped at 8 s. An `x-should-retry: false` response header vetoes the retry, as it
+does for the SDK. Once an event was yielded a failure is raised as is: the caller has seen partial
+output.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from agentvm.domain.models import Usage
 from agentvm.drivers.anthropic_common import (
     ToolBlock,
     connection_error,
+    malformed_response,
     status_error,
     timeout_error,
     unexpected_error,
@@ -307,4 +309,6 @@ class AnthropicLiteDriver:
             return timeout_error()
         if isinstance(exc, httpx.TransportError):
             return connection_error()
+        if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+            return malformed_response()
         return unexpected_error(exc, self._api_key)

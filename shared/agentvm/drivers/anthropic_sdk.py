@@ -9,6 +9,7 @@ scrubbed of it, and SDK exceptions (whose request objects carry the key header) 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncGenerator
 from typing import cast
 
@@ -20,6 +21,7 @@ from agentvm.domain.models import Usage
 from agentvm.drivers.anthropic_common import (
     ToolBlock,
     connection_error,
+    malformed_response,
     status_error,
     timeout_error,
     unexpected_error,
@@ -164,4 +166,6 @@ class AnthropicDriver:
             return timeout_error()
         if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
             return connection_error()
+        if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+            return malformed_response()
         return unexpected_error(exc, self._api_key)

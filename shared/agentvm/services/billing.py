@@ -45,7 +45,7 @@ def window(period: str, *, field: str = "period") -> Window:
     if m is None:
         raise InvalidRequest(f"{field}: must be a month (2026-11) or a day (2026-11-05)", field=field)
     year, month, day = int(m[1]), int(m[2]), m[3]
-    if not 1 <= month <= 12 or year < 1970:
+    if not 1 <= month <= 12 or not 1970 <= year < 9999:  # (the end of 9999-12 is in a year ISO 8601 cannot write)
         raise InvalidRequest(f"{field}: no such month: {period}", field=field)
     last = calendar.monthrange(year, month)[1]
     if day is not None and not 1 <= int(day) <= last:

@@ -126,7 +126,9 @@ class LeasedSessions:
         except BaseException:
             await self.leases.release(t, sid, self.owner)
             raise
-        await self._release(t, sid, state, channel.next_seq, done=state.queued, announced=state.announce)
+        # the queue is settled: a dead runner's mark goes with it (it must not fail a later turn)
+        await self._release(t, sid, state, channel.next_seq, done=state.queued, announced=state.announce,
+                            runner=True)
 
     async def subscribe(self, tenant_id: str, connection_id: str, session_id: str, after_seq: int | None) -> None:
         store = self.deps.store
@@ -170,7 +172,7 @@ class LeasedSessions:
 
     async def _release(self, tenant_id: str, session_id: str, state: LeaseState, next_seq: int, *,
                        queue: str | None = None, done: frozenset[str] = frozenset(),
-                       announced: frozenset[tuple[str, str]] = frozenset()) -> None:
+                       announced: frozenset[tuple[str, str]] = frozenset(), runner: bool = False) -> None:
         """Serve owed replays, wait for delivery, release (handing `next_seq` on: the session's seqs
         stay gap-free); leftover work goes to `chat_turn`."""
         if state.pending_subs:
@@ -178,7 +180,7 @@ class LeasedSessions:
         await self.fanout.drain()
         served = state.pending_subs | self.fanout.served.get(session_id, set())
         rest = await self.leases.release(tenant_id, session_id, self.owner, queue=queue, done=done,
-                                         announced=announced, served=served, next_seq=next_seq)
+                                         announced=announced, served=served, next_seq=next_seq, runner=runner)
         if rest is not None and rest.has_work and queue is None:
             await self.dispatcher.start_turns(tenant_id, session_id)
 

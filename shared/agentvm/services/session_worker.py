@@ -11,6 +11,12 @@ read of half a read unit, not a write: 40 a 10 s turn cost $0.0000025) for
 interrupt requests, newly queued messages and owed replays, renews the lease well before it
 expires, and stops the LLM stream when every subscriber has gone: the turn and its messages are
 still stored, only the tokens nobody would see are saved.
+
+A worker that dies holding the lease (a crash, the function's timeout) leaves its turn unfinished
+and its runner mark on the lease record. The next worker to take the lease, once it has expired,
+finds the mark (`LeaseState.dead_runner`) and fails that turn (`worker_lost`: the error triple,
+`turn_response`, the error message in the history), as `avm serve` does at start-up with the turns
+of a crash (services/recovery.py); the turns queued behind it then run.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass, field
 from agentvm.domain.models import Checkpoint, Image, LeaseState, Turn, TurnStatus
 from agentvm.engine.channel import SEQ_BLOCK, SessionChannel
 from agentvm.engine.history import SessionHistory
+from agentvm.errors import WorkerLost
 from agentvm.ports import LeasedFanout, SessionLeases
 from agentvm.services.deps import Deps
 from agentvm.services.leased_sessions import LEASE_TTL_MS
@@ -35,6 +42,7 @@ from agentvm.services.user_turns import announce
 log = logging.getLogger(__name__)
 
 NO_LISTENERS = "no_listeners"
+WORKER_LOST_TEXT = "The worker running this turn stopped before it finished; send the message again to retry."
 
 
 @dataclass(slots=True)
@@ -71,7 +79,8 @@ class SessionWorker:
         ran: list[Turn] = []
         self.acquired = False
         while True:
-            state = await self.leases.acquire(tenant_id, session_id, self.owner, LEASE_TTL_MS, SEQ_BLOCK)
+            state = await self.leases.acquire(tenant_id, session_id, self.owner, LEASE_TTL_MS, SEQ_BLOCK,
+                                              runner=True)
             if state is None:
                 return ran  # another invocation publishes; its release-then-recheck covers our work
             self.acquired = True
@@ -102,8 +111,13 @@ class SessionWorker:
         channel = SessionChannel(store=store, fanout=self.fanout, tenant_id=tenant_id, session_id=session_id,
                                  context=session_context(image, agent.agent_id if agent else None),
                                  first_seq=state.first_seq, reserved_until=state.last_seq)
-        await self._announce(channel, state.announce, run)
         ran: list[Turn] = []
+        if state.dead_runner:
+            lost = await self._recover(channel, turns, run)
+            if lost is not None:
+                ran.append(lost)  # reported with the turns this invocation ran (its metrics)
+                turns = [t for t in turns if t is not lost]
+        await self._announce(channel, state.announce, run)
         for turn in turns:
             escalated = turn.status == TurnStatus.RUNNING and turn.tier == "container"
             if escalated and self.deps.sandbox_tools is None:
@@ -187,6 +201,20 @@ class SessionWorker:
                 runner.interrupt()
                 return
 
+    async def _recover(self, channel: SessionChannel, turns: list[Turn], run: _Run) -> Turn | None:
+        """The previous runner died holding the lease: fail the turn it was running (turns run one at
+        a time, oldest first: the oldest unfinished one) and return it; the others run as usual. A
+        runner that died between two turns, or before its first, costs that turn (a rare window)."""
+        lost = next((t for t in turns if t.status in (TurnStatus.QUEUED, TurnStatus.RUNNING)), None)
+        if lost is None:
+            return None
+        log.error("the previous runner died during a turn: the turn is failed", extra={
+            "session_id": lost.session_id, "turn_id": lost.turn_id, "runner": run.state.dead_runner})
+        history = SessionHistory(self.deps.store, lost.tenant_id, lost.session_id)
+        await ScheduledTurn(self.deps, channel, history).abandon(lost, WorkerLost(WORKER_LOST_TEXT))
+        run.done.add(lost.turn_id)
+        return lost
+
     async def _settle_interrupts(self, tenant_id: str, session_id: str, run: _Run) -> None:
         """Interrupts requested between turns had nothing to interrupt: a no-op, as from `avm serve`,
         not a reason to stop the next turn."""
@@ -223,4 +251,5 @@ class SessionWorker:
         if self.before_release is not None:
             await self.before_release(session_id)
         return await self.leases.release(tenant_id, session_id, self.owner, done=run.done,
-                                         announced=run.announced, served=served, next_seq=run.next_seq)
+                                         announced=run.announced, served=served, next_seq=run.next_seq,
+                                         runner=True)

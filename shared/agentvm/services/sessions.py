@@ -111,9 +111,13 @@ class SessionRegistry:
         store = self.deps.store
 
         async def source(after_seq: int) -> list[LoggedEvent]:
-            stored = await store.read_events(tenant_id, session_id, after_seq)
+            # The unpersisted tail first, in the same step as the store read is queued: a checkpoint
+            # that takes the tail later commits after that read, so its events are in the copy; one
+            # that took it before queued its commit ahead of the read (the store runs jobs in order).
+            # Read the other way round, a checkpoint between the two lost its events from the replay.
             actor = self._actors.get(session_id)
             tail = actor.replay_tail(after_seq) if actor else []
+            stored = await store.read_events(tenant_id, session_id, after_seq)
             return stored + tail
 
         await self.deps.fanout.subscribe(connection_id, session_id, session.container_id, after_seq, source)

@@ -83,6 +83,11 @@ class ScheduledTurn:
             raise RuntimeError("this runtime hosts no sandboxes: it cannot resume a container-tier turn")
         return await self._new_runner(await sandbox.for_image(image), "container").resume(turn, image)
 
+    async def abandon(self, turn: Turn, exc: AgentVMError) -> Turn:
+        """End a turn that cannot go on: the error triple, `turn_response`, and the turn stored
+        failed with the usage it had (its container tier did not start; its runner died)."""
+        return await self._new_runner(ContainerOnly(exc.message), "function").abandon(turn, exc)
+
     async def _escalate(self, turn: Turn, image: Image) -> Turn:
         tier = self.deps.container_tier
         try:
@@ -92,7 +97,7 @@ class ScheduledTurn:
             await tier.start(turn.tenant_id, turn.container_id, turn.session_id)
         except AgentVMError as exc:
             log.error("container tier did not start", extra={"turn_id": turn.turn_id, "error_code": exc.code})
-            return await self._new_runner(ContainerOnly(exc.message), "function").abandon(turn, exc)
+            return await self.abandon(turn, exc)
         if self.deps.sandbox_tools is None:
             self.handed_off = True
             return turn

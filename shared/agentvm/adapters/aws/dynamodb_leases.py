@@ -1,8 +1,9 @@
 """The SessionLeases port on the session item of the AgentVM table.
 
 Attributes kept on `SESS` beside the store's own: `lease_owner`, `lease_until` (epoch ms),
-`seq_reserved` (the store's seq counter: a lease comes with a block of seqs), and the session's
-coordination sets `queued`, `announce`, `pending_subs` (string sets) and the `interrupts` counter.
+`seq_reserved` (the store's seq counter: a lease comes with a block of seqs), the session's
+coordination sets `queued`, `announce`, `pending_subs` (string sets), the `interrupts` counter, and
+`runner`: the owner of a turn runner while it holds (or held, and died holding) the lease.
 
 Every step of the cloud turn protocol is one conditional UpdateItem that returns the whole state
 (`ReturnValues=ALL_NEW`): taking the lease reserves seqs and shows the queue; releasing it removes
@@ -58,16 +59,20 @@ class DynamoDBLeases:
         return attrs
 
     async def acquire(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
-                      seq_block: int) -> LeaseState | None:
+                      seq_block: int, *, runner: bool = False) -> LeaseState | None:
         # ALL_OLD: the state before this write. The sets are unchanged by it; the seq block is
         # computed from the old counter, and a `resume_seq` left by a clean release (no lease owner
         # any more) continues the session's seqs without a gap. After an expired lease (its holder
         # died) the new block starts above everything reserved: that holder may have used any of it.
+        # A runner marks itself in the same write (`runner`), and only its own release removes the
+        # mark: one found here was left by a runner that died holding the lease (no extra request).
         now = self._now_ms()
         evlog = _evlog_keys(tenant_id, session_id)
+        mark = ", runner = :o" if runner else ""
         old = await self._update(
             tenant_id, session_id,
-            "SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk ADD seq_reserved :b REMOVE resume_seq",
+            f"SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk{mark} ADD seq_reserved :b "
+            "REMOVE resume_seq",
             {":o": _s(owner), ":u": _n(now + ttl_ms), ":now": _n(now), ":b": _n(seq_block),
              ":spk": evlog["SPK"], ":ssk": evlog["SSK"]},
             "attribute_exists(PK) AND (attribute_not_exists(lease_until) OR lease_until < :now "
@@ -80,9 +85,10 @@ class DynamoDBLeases:
         resume = old.get("resume_seq")
         if resume is not None and "lease_owner" not in old and int(resume["N"]) <= before:
             first = int(resume["N"])
+        dead = old["runner"]["S"] if "runner" in old and old["runner"]["S"] != owner else ""
         # with seq_block 0 the block is empty (first > last when nothing is handed on): the holder
         # publishes nothing and hands `first_seq` on at its release
-        return _state(attrs, now, first_seq=first, last_seq=before + max(seq_block, 0))
+        return _state(attrs, now, first_seq=first, last_seq=before + max(seq_block, 0), dead_runner=dead)
 
     async def renew(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> LeaseState | None:
         now = self._now_ms()
@@ -92,11 +98,12 @@ class DynamoDBLeases:
 
     async def release(self, tenant_id: str, session_id: str, owner: str, *, queue: str | None = None,
                       done: Collection[str] = (), announced: Collection[tuple[str, str]] = (),
-                      served: Collection[str] = (), next_seq: int | None = None) -> LeaseState | None:
+                      served: Collection[str] = (), next_seq: int | None = None,
+                      runner: bool = False) -> LeaseState | None:
         if queue is not None and done:
             raise ValueError("release: queue and done cannot change the queue in the same write")
         values: Item = {":o": _s(owner)}
-        expression = "REMOVE lease_owner, lease_until"
+        expression = "REMOVE lease_owner, lease_until" + (", runner" if runner else "")
         if next_seq is not None:
             expression = "SET resume_seq = :ns " + expression
             values[":ns"] = _n(next_seq)
@@ -168,13 +175,14 @@ def _pairs(attrs: Mapping[str, Any], name: str) -> frozenset[tuple[str, str]]:
     return frozenset(out)
 
 
-def _state(attrs: Mapping[str, Any], now_ms: int, *, first_seq: int = 0, last_seq: int = 0) -> LeaseState:
+def _state(attrs: Mapping[str, Any], now_ms: int, *, first_seq: int = 0, last_seq: int = 0,
+           dead_runner: str = "") -> LeaseState:
     until = attrs.get("lease_until")
     return LeaseState(first_seq=first_seq, last_seq=last_seq, queued=_strings(attrs, "queued"),
                       announce=_pairs(attrs, "announce"), pending_subs=_strings(attrs, "pending_subs"),
                       interrupts=int(attrs["interrupts"]["N"]) if "interrupts" in attrs else 0,
                       interrupts_seen=int(attrs["interrupts_seen"]["N"]) if "interrupts_seen" in attrs else 0,
-                      held=until is not None and int(until["N"]) >= now_ms)
+                      held=until is not None and int(until["N"]) >= now_ms, dead_runner=dead_runner)
 
 
 if TYPE_CHECKING:

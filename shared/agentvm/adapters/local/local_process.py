@@ -128,8 +128,7 @@ class PidsCgroups:
                 (parent / "cgroup.subtree_control").write_text("+pids")
             found = cls(parent, v2=v2)
             for stale in parent.glob("call-*"):  # left by a server that died
-                with contextlib.suppress(OSError):
-                    stale.rmdir()
+                found.reap(stale)
             probe = found.create(8)
             found.remove_now(probe)
             return found
@@ -146,6 +145,24 @@ class PidsCgroups:
                 path.rmdir()
             raise
         return path
+
+    def reap(self, path: Path) -> None:
+        """Remove a call's cgroup left behind by a server that died (`kill -9`): without bubblewrap
+        (`--die-with-parent`) the tool's processes outlive it, and its timeout died with it, so they
+        are killed first. Cgroups of a live server (the pid in the name) are left alone."""
+        try:
+            pid = int(path.name.split("-")[1])
+            os.kill(pid, 0)
+            return  # that server still runs (or it is this one)
+        except ProcessLookupError:
+            pass
+        except (ValueError, IndexError, OSError):
+            return
+        for _ in range(100):  # killed processes leave the cgroup once they have exited
+            self.kill_all(path)
+            if self.remove_now(path):
+                return
+            time.sleep(0.01)
 
     def kill_all(self, path: Path) -> None:
         """SIGKILL every process in the cgroup, including those forked while killing."""
@@ -241,6 +258,13 @@ def probe_host(*, refresh: bool = False) -> Host:
         if _host is None or refresh:
             _host = _probe()
         return _host
+
+
+def reap_dead_tools() -> None:
+    """Kill the tool processes that servers which died left running, and remove their cgroups
+    (`PidsCgroups.reap`). Blocking; `avm serve` calls it at start-up (the first tool call would)."""
+    if sys.platform.startswith("linux"):
+        PidsCgroups.find()
 
 
 def _probe() -> Host:

@@ -108,6 +108,17 @@ class SqliteUsageLedger:
             return _spend(c, tenant_id, _kid(key_id), period)
         return await self.store.run(job)
 
+    async def release_all_holds(self) -> int:
+        """Drop every hold. For `avm serve` at start-up, when no LLM call on this database can be in
+        flight: whatever is still held was left by a process that died during a call (`kill -9`),
+        and would shrink the month's budget for good. Returns how many counters held something."""
+        def job(c: sqlite3.Connection) -> int:
+            held = [r[:3] for r in c.execute("SELECT tenant_id, key_id, period, reserved FROM spend").fetchall()
+                    if Decimal(r[3]) != 0]
+            c.executemany("UPDATE spend SET reserved='0' WHERE tenant_id=? AND key_id=? AND period=?", held)
+            return len(held)
+        return await self.store.run(job)
+
     # ---- rate windows ------------------------------------------------------------------------
 
     async def admit(self, tenant_id: str, key_id: str | None, minute: int, *, tenant_limit: int | None,

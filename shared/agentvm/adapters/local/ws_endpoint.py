@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -21,6 +22,32 @@ log = logging.getLogger(__name__)
 
 TRY_AGAIN_LATER = 1013
 POLICY_VIOLATION = 1008
+
+
+def queue_close_frame(ws: WebSocket, code: int, reason: str) -> bool:
+    """Queue a close frame behind what the transport already holds, when the client has stopped
+    reading (the transport is paused). uvicorn's ASGI `websocket.close` first waits for the
+    transport to be writable again, which never happens then: the socket would be closed without
+    the close frame, and the client could not learn why. For uvicorn's websockets-sansio protocol
+    (the one `avm serve` runs; Starlette wraps `send` but passes its `receive` through); False
+    otherwise, or when the transport is writable and the ASGI close works."""
+    proto: Any = getattr(getattr(ws, "_receive", None), "__self__", None)
+    writable: Any = getattr(proto, "writable", None)
+    wire: Any = getattr(proto, "conn", None)
+    transport: Any = getattr(proto, "transport", None)
+    if not isinstance(writable, asyncio.Event) or writable.is_set() or getattr(proto, "close_sent", True) \
+            or not hasattr(wire, "send_close") or not hasattr(transport, "write") or transport.is_closing():
+        return False
+    try:
+        wire.send_close(code, reason)
+        transport.write(b"".join(wire.data_to_send()))
+    except Exception:
+        log.debug("could not queue the close frame", exc_info=True)
+        return False
+    # The protocol then closes the transport when the app returns: the buffer (bounded by its
+    # high-water mark) and this close frame go out if the client reads again.
+    proto.close_sent = True
+    return True
 
 
 class WebSocketEndpoint:
@@ -73,8 +100,9 @@ class WebSocketEndpoint:
             log.debug("connection closed", extra={"connection_id": conn.id, "reason": conn.close_reason})
         if conn.close_reason == OVERFLOW_REASON:
             log.warning("closed a connection that stopped reading", extra={"connection_id": conn.id})
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ws.close(code=TRY_AGAIN_LATER, reason=OVERFLOW_REASON), 2)
+            if not queue_close_frame(ws, TRY_AGAIN_LATER, OVERFLOW_REASON):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ws.close(code=TRY_AGAIN_LATER, reason=OVERFLOW_REASON), 2)
 
     async def _authenticate(self, ws: WebSocket) -> Principal | None:
         """The principal of a first `auth` frame; None (the socket closed with a reason) otherwise.
