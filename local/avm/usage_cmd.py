@@ -13,7 +13,7 @@ import orjson
 
 from agentvm.domain.usage import Budget
 from agentvm.errors import InvalidRequest
-from agentvm.services.billing import FORMATS, GROUPS, BillingService, money_field, window
+from agentvm.services.billing import FORMATS, GROUPS, BillingService, window
 from agentvm.services.keys import Caller
 from avm.deployment import add_target_args, open_deployment
 
@@ -86,12 +86,11 @@ async def run_budgets(args: argparse.Namespace) -> int:
         print(f"tenant {args.tenant}  {report['period']}: spent {report['spent']} USD, "
               f"reserved {report['reserved']} USD")
         for row in report["budgets"]:
-            monthly = None if row["monthlyBudget"] is None else money_field(row["monthlyBudget"], "monthly")
-            print(_line(row["keyId"], monthly, row["requestsPerMinute"]) + f"  spent {row['spent']}")
+            print(_line(row["keyId"], row["monthlyBudget"], row["requestsPerMinute"]) + f"  spent {row['spent']}")
         return 0
 
 
-def _line(key_id: str | None, monthly: Decimal | None, rpm: int | None) -> str:
+def _line(key_id: str | None, monthly: Decimal | str | None, rpm: int | None) -> str:
     who = f"key {key_id}" if key_id else "tenant"
     amount = "-" if monthly is None else f"{monthly} USD/month"
     return f"{who}: {amount}, {rpm if rpm is not None else '-'} turns/min"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -44,7 +45,7 @@ def prices_wire(table: dict[str, ModelPrice]) -> dict[str, dict[str, str]]:
                     "cacheRead": str(p.cache_read)} for model, p in table.items()}
 
 
-def price_for(model: str, prices: dict[str, ModelPrice] | None = None) -> ModelPrice:
+def price_for(model: str, prices: Mapping[str, ModelPrice] | None = None) -> ModelPrice:
     """The price of the longest table key that prefixes the model name (`claude-sonnet-4-5-2025…`)."""
     table = DEFAULT_PRICES if prices is None else prices
     best = ""
@@ -73,7 +74,7 @@ def money_text(amount: Decimal) -> str:
 
 
 def cost_of(usage: Usage, model: str, *, markup: Decimal = DEFAULT_MARKUP,
-            prices: dict[str, ModelPrice] | None = None) -> Cost:
+            prices: Mapping[str, ModelPrice] | None = None) -> Cost:
     p = price_for(model, prices)
     raw = (
         Decimal(usage.input_tokens) * p.input

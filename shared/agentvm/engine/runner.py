@@ -91,6 +91,7 @@ class _Msg:
     calls: list[_Call] = field(default_factory=list)
     stop_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
+    cost: Cost = field(default_factory=lambda: Cost(Decimal(0), Decimal(0)))  # set when counted
     responding_sent: bool = False
     counted: bool = False
     coalescer: DeltaCoalescer | None = None
@@ -262,8 +263,7 @@ class TurnRunner:
             await self.meter.release(turn, hold)  # nothing reached the provider's meter
             return
         await self.meter.settle(turn, hold, call=self._llm_calls, provider=self.driver.name,
-                                model=msg.model or request.model, usage=msg.usage, status=status,
-                                markup=self.options.markup, prices=self.options.prices)
+                                model=msg.model or request.model, usage=msg.usage, cost=msg.cost, status=status)
 
     def _count(self, msg: _Msg) -> None:
         """Add an LLM call's usage once, whether it completed, failed or was interrupted."""
@@ -271,8 +271,8 @@ class TurnRunner:
             msg.counted = True
             self._usage = self._usage + msg.usage
             if msg.usage != Usage():
-                cost = cost_of(msg.usage, msg.model or self.options.default_model, markup=self.options.markup,
-                               prices=dict(self.options.prices) if self.options.prices is not None else None)
+                msg.cost = cost = cost_of(msg.usage, msg.model or self.options.default_model,
+                                          markup=self.options.markup, prices=self.options.prices)
                 self._list, self._billed = self._list + cost.list, self._billed + cost.billed
 
     # ---- one LLM call ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from agentvm.domain.usage import Budget, UsageRecord, minute_of, period_of
 from agentvm.drivers.base import LLMRequest
 from agentvm.errors import QuotaExceeded, RateLimited
 from agentvm.ids import now_ms
-from agentvm.money import COST_QUANTUM, MILLION, ModelPrice, cost_of, money_text, price_for
+from agentvm.money import COST_QUANTUM, MILLION, Cost, ModelPrice, money_text, price_for
 from agentvm.ports import UsageLedger
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def _bound(value: Any) -> int:
 
 
 def worst_cost(request: LLMRequest, *, markup: Decimal, prices: Mapping[str, ModelPrice] | None) -> Decimal:
-    p = price_for(request.model, dict(prices) if prices is not None else None)
+    p = price_for(request.model, prices)
     raw = (Decimal(worst_input_tokens(request)) * max(p.input, p.cache_write)
            + Decimal(request.max_tokens) * p.output) / MILLION
     return (raw * markup).quantize(COST_QUANTUM, rounding=ROUND_CEILING)
@@ -135,10 +135,10 @@ class Meter:
             await self.ledger.release(turn.tenant_id, turn.key_id, hold.period, hold.amount, key_held=hold.key_held)
 
     async def settle(self, turn: Turn, hold: Hold, *, call: int, provider: str, model: str, usage: Usage,
-                     status: str, markup: Decimal, prices: Mapping[str, ModelPrice] | None = None) -> UsageRecord:
-        """Write the call's usage record once and replace its hold by its billed cost. A ledger failure
-        is logged with the whole record (the turn row keeps the usage too) and does not fail the turn."""
-        cost = cost_of(usage, model, markup=markup, prices=dict(prices) if prices is not None else None)
+                     cost: Cost, status: str) -> UsageRecord:
+        """Write the call's usage record once (its `cost` as the engine computed it for the turn) and
+        replace its hold by its billed cost. A ledger failure is logged with the whole record (the turn
+        row keeps the usage too) and does not fail the turn."""
         record = UsageRecord(
             record_id=f"{turn.turn_id}#llm#{call}", tenant_id=turn.tenant_id, key_id=turn.key_id,
             container_id=turn.container_id, image_id=turn.image_id, session_id=turn.session_id,
