@@ -32,8 +32,10 @@ typecheck: $(DEV_STAMP)
 	@# each Lambda handler is its own top-level module `handler`: checked one at a time
 	@for f in functions/*/handler.py; do $(BIN)/mypy $$f || exit 1; done
 
+# Two workers, whatever the machine (CI has 2 cores); worksteal evens out the few long tests.
+PYTEST_WORKERS ?= 2
 unit: $(DEV_STAMP) sam-cli bubblewrap focus-validator
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The four set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.
 setup:

@@ -1,7 +1,11 @@
 """`make bench` in its small version, so that the benchmarks cannot rot.
 
-It checks that every figure is produced and sane, never how fast anything is: performance claims
-live in `make bench` and docs/benchmarks.md, not in timed unit tests.
+One `python -m tests.bench.run --quick` run serves every test here: the load figures and the handler
+cold-import table that `make bench` prints after them. Figures are only checked to be produced and
+sane, never how fast anything is: performance claims live in `make bench` and docs/benchmarks.md
+(the 2.5 × boto3 cold-import budget included), not in timed unit tests. What a handler loads is
+deterministic, so that is asserted for every handler: none loads the anthropic SDK, aioboto3,
+aiohttp or uvicorn, and only `http_api` loads FastAPI.
 """
 
 from __future__ import annotations
@@ -10,10 +14,11 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.bench.cold_imports import EXPECTED, discover
 from tests.support.servers import REPO
 
 pytestmark = pytest.mark.e2e
@@ -23,18 +28,27 @@ FIGURES = {
     "text_delta_frames_per_s", "create_pairs_per_s", "rss_bytes_per_container",
 }
 WITHOUT_BASELINE = {"rss_bytes_per_container"}
+NEVER = {"anthropic", "aioboto3", "aiobotocore", "aiohttp", "uvicorn"}
+
+QuickRun = tuple[subprocess.CompletedProcess[str], dict[str, Any]]
 
 
 def positive(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def test_quick_bench_produces_every_figure(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "tests.bench.run", "--quick", "--json", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(out.read_text())
+                          capture_output=True, text=True, timeout=240)
+    assert out.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc, json.loads(out.read_text())
+
+
+def test_quick_bench_produces_every_figure(quick_run: QuickRun) -> None:
+    proc, result = quick_run
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert result["mode"] == "quick"
     assert result["machine"]["cores"] >= 1 and result["machine"]["python"]
     figures = {f["key"]: f for f in result["figures"]}
@@ -48,3 +62,43 @@ def test_quick_bench_produces_every_figure(tmp_path: Path) -> None:
         else:
             assert positive(f["baseline"]) and positive(f["ratio"]), (key, f)
         assert f["label"] in proc.stdout  # the table shows every figure
+
+
+def cold_rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in result["cold_imports"]["handlers"]}
+
+
+def test_cold_imports_have_a_measured_row_per_handler(quick_run: QuickRun) -> None:
+    proc, result = quick_run
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    cold = result["cold_imports"]
+    assert cold["mode"] == "quick" and cold["runs"] == 3 and cold["passed"] is True
+    by_name = cold_rows(result)
+    existing = set(discover())
+    # Every expected handler has a row; the ones written so far are measured.
+    assert set(EXPECTED) <= set(by_name)
+    assert {n for n, r in by_name.items() if r["status"] != "missing"} == existing
+    assert set(cold["missing"]) == set(EXPECTED) - existing
+    for name in existing:
+        r = by_name[name]
+        assert r["status"] == "ok", r
+        assert len(r["samples_ms"]) == len(r["boto3_samples_ms"]) == 3, r
+        assert all(positive(v) for v in r["samples_ms"] + r["boto3_samples_ms"]), r
+        assert positive(r["median_ms"]) and positive(r["boto3_median_ms"]) and positive(r["ratio"]), r
+        assert isinstance(r["within_limit"], bool), r
+        assert r["modules"] > 0, r
+        assert name in proc.stdout  # the table shows every row
+    for name in set(EXPECTED) - existing:
+        assert by_name[name]["median_ms"] is None
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_handler_loads_nothing_heavy(quick_run: QuickRun, name: str) -> None:
+    row = cold_rows(quick_run[1])[name]
+    if row["status"] == "missing":
+        pytest.skip(f"functions/{name}/handler.py is not written yet")
+    assert row["status"] == "ok", row
+    loaded = set(row["heavy"])
+    assert not loaded & NEVER, loaded
+    assert ("fastapi" in loaded) == (name == "http_api"), loaded
+    assert row["loads_anthropic"] is False

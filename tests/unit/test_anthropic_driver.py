@@ -574,8 +574,10 @@ async def test_lite_retries_connection_errors(sleeps: list[float]) -> None:
 
 
 async def test_lite_retries_a_timeout(fake: FakeAnthropic, sleeps: list[float]) -> None:
-    fake.enqueue(Reply(delay_s=2.0), Reply([Text("late but fine")]))
-    driver = _lite(fake.base_url, max_retries=1, timeout_s=0.3)
+    # The timeout is generous enough for the second attempt on a loaded CI machine; the first
+    # attempt's handler, still sleeping, is cancelled when the fake stops.
+    fake.enqueue(Reply(delay_s=60.0), Reply([Text("late but fine")]))
+    driver = _lite(fake.base_url, max_retries=1, timeout_s=2.0)
     try:
         events = await _collect(driver)
     finally:
