@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import botocore.session
@@ -38,9 +39,31 @@ class _OneAtATime:
             return list(self._app(environ, start_response))
 
 
+def exact_moto_numbers() -> None:
+    """Make moto (5.2.5) write number sums as DynamoDB does. It stores `f"{Decimal}"`, so a counter
+    that an `ADD` brings back to zero from 8 decimals holds "0E-8", which its next `ADD` cannot read
+    (`int("0E-8")`: a 500). DynamoDB keeps numbers exact and plain: "0", "0.5", "10"."""
+    from moto.dynamodb.models.dynamo_type import DynamoType
+
+    if getattr(DynamoType, "_avm_exact", False):
+        return
+    add, sub = DynamoType.__add__, DynamoType.__sub__
+
+    def plain(result: DynamoType) -> DynamoType:
+        if result.is_number():
+            value = Decimal(result.value)
+            result.value = format(value.normalize(), "f") if value else "0"
+        return result
+
+    DynamoType.__add__ = lambda self, other: plain(add(self, other))  # type: ignore[method-assign]
+    DynamoType.__sub__ = lambda self, other: plain(sub(self, other))  # type: ignore[method-assign]
+    DynamoType._avm_exact = True  # type: ignore[attr-defined]
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log per request
+    exact_moto_numbers()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     wsgi = server._server  # the werkzeug server; requests reach it only after this fixture yields

@@ -56,6 +56,20 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+class ClientFaultFilter(logging.Filter):
+    """uvicorn logs a client's own protocol fault, a WebSocket text frame that is not UTF-8, as an
+    ERROR with a traceback. The fault is the client's and uvicorn closes that connection (1007): it
+    becomes one INFO line, so that a misbehaving client cannot fill the log with tracebacks."""
+
+    MESSAGES = frozenset({"Invalid UTF-8 sequence received from client."})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in self.MESSAGES:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def setup_logging(level: str = "INFO", *, log_file: Path | None = None, max_bytes: int = LOG_FILE_MAX_BYTES,
                   backups: int = LOG_FILE_BACKUPS) -> None:
     """JSON lines to stderr and, with `log_file`, to that file too, rotated at `max_bytes` with
@@ -76,4 +90,7 @@ def setup_logging(level: str = "INFO", *, log_file: Path | None = None, max_byte
     root.setLevel(level.upper())
     # Per-request access lines are noise at INFO and cost money in the cloud.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
-    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    uvicorn_errors.setLevel(logging.WARNING)
+    if not any(isinstance(f, ClientFaultFilter) for f in uvicorn_errors.filters):
+        uvicorn_errors.addFilter(ClientFaultFilter())

@@ -368,7 +368,13 @@ class UsageLedger(Protocol):
     `reserved` (held by model calls under way). A call holds its worst case first (`reserve`) and
     moves its real cost from reserved to spent when it ends (`settle`), so concurrent calls of one
     tenant can never take spent past the budget. Tenants are isolated: every method is scoped by
-    tenant. Key budgets use the key's id; the tenant's own budget has `key_id` None."""
+    tenant. Key budgets use the key's id; the tenant's own budget has `key_id` None.
+
+    A hold belongs to its turn (a turn makes one call at a time): `settle` and `release` drop the
+    hold of the record's or the given turn, and `release_turn` drops whatever a turn still holds once
+    its runner is known to be dead, so a crash does not shrink the month's budget. Each hold is
+    released at most once: a late `settle` of a turn whose hold `release_turn` already dropped still
+    writes the record and its cost."""
 
     async def put_budget(self, budget: Budget) -> None:
         """Create or replace the budget of `budget.tenant_id` / `budget.key_id`."""
@@ -383,10 +389,11 @@ class UsageLedger(Protocol):
         ...
 
     async def reserve(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
-                      tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
+                      turn_id: str, tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
         """Atomically add `amount` to `reserved` of the tenant's counter (and the key's, when `key_cap`
-        is set) unless that takes spent + reserved past a cap. None when held; else which limit
-        refused, "tenant" or "key", and nothing is held. No cap at all: nothing is written."""
+        is set) unless that takes spent + reserved past a cap, as the hold of `turn_id`. None when
+        held; else which limit refused, "tenant" or "key", and nothing is held. No cap at all: nothing
+        is written."""
         ...
 
     async def settle(self, record: UsageRecord, *, reserved: Decimal, reserved_period: str,
@@ -394,12 +401,21 @@ class UsageLedger(Protocol):
         """Write the record once (by tenant and `record_id`) and, in the same transaction, release
         `reserved` from the tenant's counter of `reserved_period` (and the key's, when `key_held`) and add
         `record.billed_cost` to spent of the record's own period, for the tenant and, when the record has
-        a key, the key. False, with nothing changed, when the record already exists."""
+        a key, the key. The hold released is `record.turn_id`'s; when that turn holds nothing any more
+        (`release_turn` came first) only the record and its cost are written. False, with nothing
+        changed, when the record already exists."""
         ...
 
     async def release(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
-                      key_held: bool) -> None:
-        """Drop a hold that no call used (the call never started)."""
+                      turn_id: str, key_held: bool) -> None:
+        """Drop the hold of `turn_id` that no call used (the call never started); nothing when the
+        turn holds nothing any more."""
+        ...
+
+    async def release_turn(self, tenant_id: str, key_id: str | None, turn_id: str,
+                           periods: Sequence[str]) -> Decimal:
+        """Drop whatever `turn_id` still holds in the months `periods` (its runner died during a
+        call). Returns the amount released from the tenant's counters (0 when nothing was held)."""
         ...
 
     async def spend(self, tenant_id: str, key_id: str | None, period: str) -> Spend:

@@ -88,27 +88,35 @@ async def test_budgets_put_list_replace_delete_per_tenant(ledger: UsageLedger) -
 
 async def test_reserve_within_the_tenant_cap_and_refused_past_it(ledger: UsageLedger) -> None:
     cap = Decimal("1.00")
-    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.60"), tenant_cap=cap, key_cap=None) is None
+    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.60"),
+                                turn_id="turn0", tenant_cap=cap, key_cap=None) is None
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal("0.60"))
-    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.41"), tenant_cap=cap, key_cap=None) == "tenant"
-    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.40"), tenant_cap=cap, key_cap=None) is None  # = cap
+    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.41"),
+                                turn_id="turn0", tenant_cap=cap, key_cap=None) == "tenant"
+    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.40"),
+                                turn_id="turn0", tenant_cap=cap, key_cap=None) is None  # = cap
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal("1.00"))
-    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.00000001"), tenant_cap=cap, key_cap=None) == "tenant"
-    assert await ledger.reserve("t1", None, P_NOV, Decimal(2), tenant_cap=Decimal(1), key_cap=None) == "tenant"
+    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.00000001"),
+                                turn_id="turn0", tenant_cap=cap, key_cap=None) == "tenant"
+    assert await ledger.reserve("t1", None, P_NOV, Decimal(2),
+                                turn_id="turn0", tenant_cap=Decimal(1), key_cap=None) == "tenant"
     # other tenants and other months are other counters
-    assert await ledger.reserve("t2", None, P_NOV, Decimal("0.9"), tenant_cap=cap, key_cap=None) is None
-    assert await ledger.reserve("t1", None, P_DEC, Decimal("0.9"), tenant_cap=cap, key_cap=None) is None
+    assert await ledger.reserve("t2", None, P_NOV, Decimal("0.9"),
+                                turn_id="turn0", tenant_cap=cap, key_cap=None) is None
+    assert await ledger.reserve("t1", None, P_DEC, Decimal("0.9"),
+                                turn_id="turn0", tenant_cap=cap, key_cap=None) is None
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal("1.00"))
     assert await ledger.spend("t2", None, P_NOV) == Spend(Decimal(0), Decimal("0.9"))
     # an amount above a fresh counter's cap is refused too (no counter exists yet)
-    assert await ledger.reserve("t3", None, P_NOV, Decimal(2), tenant_cap=Decimal(1), key_cap=None) == "tenant"
+    assert await ledger.reserve("t3", None, P_NOV, Decimal(2),
+                                turn_id="turn0", tenant_cap=Decimal(1), key_cap=None) == "tenant"
     assert await ledger.spend("t3", None, P_NOV) == Spend()
 
 
 async def test_reserve_with_a_key_cap_holds_on_both_and_names_the_refusing_limit(ledger: UsageLedger) -> None:
     async def reserve(amount: str, tenant_cap: str | None, key_cap: str | None) -> str | None:
         return await ledger.reserve("t1", "k1", P_NOV, Decimal(amount),
-                                    tenant_cap=Decimal(tenant_cap) if tenant_cap else None,
+                                    turn_id="turn0", tenant_cap=Decimal(tenant_cap) if tenant_cap else None,
                                     key_cap=Decimal(key_cap) if key_cap else None)
 
     assert await reserve("3", "10", "5") is None
@@ -131,14 +139,16 @@ async def test_reserve_with_a_key_cap_holds_on_both_and_names_the_refusing_limit
     assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal(0), Decimal(5))
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal(6))
     # another key of the tenant is another counter
-    assert await ledger.reserve("t1", "k2", P_NOV, Decimal(4), tenant_cap=None, key_cap=Decimal(5)) is None
+    assert await ledger.reserve("t1", "k2", P_NOV, Decimal(4),
+                                turn_id="turn0", tenant_cap=None, key_cap=Decimal(5)) is None
     assert await ledger.spend("t1", "k2", P_NOV) == Spend(Decimal(0), Decimal(4))
 
 
 async def test_reserve_without_a_cap_writes_nothing(ledger: UsageLedger) -> None:
     calls = Calls(ledger.store) if isinstance(ledger, DynamoDBUsageLedger) else None
-    assert await ledger.reserve("t1", "k1", P_NOV, Decimal(5), tenant_cap=None, key_cap=None) is None
-    assert await ledger.reserve("t1", None, P_NOV, Decimal(5), tenant_cap=None, key_cap=Decimal(1)) is None
+    assert await ledger.reserve("t1", "k1", P_NOV, Decimal(5), turn_id="turn0", tenant_cap=None, key_cap=None) is None
+    assert await ledger.reserve("t1", None, P_NOV, Decimal(5),
+                                turn_id="turn0", tenant_cap=None, key_cap=Decimal(1)) is None
     if calls is not None:
         assert calls.take() == []
     assert await ledger.spend("t1", None, P_NOV) == Spend()
@@ -146,7 +156,8 @@ async def test_reserve_without_a_cap_writes_nothing(ledger: UsageLedger) -> None
 
 
 async def test_concurrent_reserves_never_pass_the_cap(ledger: UsageLedger) -> None:
-    results = await asyncio.gather(*(ledger.reserve("t1", None, P_NOV, Decimal(1), tenant_cap=Decimal(10),
+    results = await asyncio.gather(*(ledger.reserve("t1", None, P_NOV, Decimal(1),
+                                                    turn_id="turn0", tenant_cap=Decimal(10),
                                                     key_cap=None) for _ in range(50)))
     assert results.count(None) == 10
     assert results.count("tenant") == 40
@@ -154,7 +165,8 @@ async def test_concurrent_reserves_never_pass_the_cap(ledger: UsageLedger) -> No
 
 
 async def test_concurrent_reserves_with_a_key_cap_never_pass_either_cap(ledger: UsageLedger) -> None:
-    results = await asyncio.gather(*(ledger.reserve("t1", f"k{i % 2}", P_NOV, Decimal(1), tenant_cap=Decimal(10),
+    results = await asyncio.gather(*(ledger.reserve("t1", f"k{i % 2}", P_NOV, Decimal(1),
+                                                    turn_id=f"turn{i}", tenant_cap=Decimal(10),
                                                     key_cap=Decimal(4)) for i in range(30)))
     assert results.count(None) == 8  # 4 per key
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal(8))
@@ -166,21 +178,22 @@ async def test_concurrent_reserves_with_a_key_cap_never_pass_either_cap(ledger: 
 
 async def test_settle_moves_the_hold_to_spent_exactly(ledger: UsageLedger) -> None:
     hold = Decimal("0.0105")
-    assert await ledger.reserve("t1", "k1", P_NOV, hold, tenant_cap=Decimal(1), key_cap=Decimal(1)) is None
+    assert await ledger.reserve("t1", "k1", P_NOV, hold,
+                                turn_id="turn1", tenant_cap=Decimal(1), key_cap=Decimal(1)) is None
     rec = _record("turn1#llm#1", key="k1", billed=Decimal("0.00000105"))
     assert await ledger.settle(rec, reserved=hold, reserved_period=P_NOV, key_held=True) is True
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.00000105"), Decimal(0))
     assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal("0.00000105"), Decimal(0))
     # a tenant cap now counts what was spent
     room = Decimal(1) - Decimal("0.00000105")
-    assert await ledger.reserve("t1", None, P_NOV, room + Decimal("0.00000001"), tenant_cap=Decimal(1),
+    assert await ledger.reserve("t1", None, P_NOV, room + Decimal("0.00000001"), turn_id="turn0", tenant_cap=Decimal(1),
                                 key_cap=None) == "tenant"
-    assert await ledger.reserve("t1", None, P_NOV, room, tenant_cap=Decimal(1), key_cap=None) is None
+    assert await ledger.reserve("t1", None, P_NOV, room, turn_id="turn0", tenant_cap=Decimal(1), key_cap=None) is None
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.00000105"), room)
 
 
 async def test_settle_is_once_per_record(ledger: UsageLedger) -> None:
-    await ledger.reserve("t1", None, P_NOV, Decimal(1), tenant_cap=Decimal(10), key_cap=None)
+    await ledger.reserve("t1", None, P_NOV, Decimal(1), turn_id="turn1", tenant_cap=Decimal(10), key_cap=None)
     rec = _record("turn1#llm#1", billed=Decimal("0.25"))
     assert await ledger.settle(rec, reserved=Decimal(1), reserved_period=P_NOV, key_held=False) is True
     after = await ledger.spend("t1", None, P_NOV)
@@ -197,7 +210,7 @@ async def test_settle_is_once_per_record(ledger: UsageLedger) -> None:
 
 async def test_settle_across_a_month_boundary(ledger: UsageLedger) -> None:
     # held in November, ended in the first millisecond of December: December is charged
-    assert await ledger.reserve("t1", "k1", P_NOV, Decimal("0.5"), tenant_cap=Decimal(5),
+    assert await ledger.reserve("t1", "k1", P_NOV, Decimal("0.5"), turn_id="turn9", tenant_cap=Decimal(5),
                                 key_cap=Decimal(5)) is None
     rec = _record("turn9#llm#1", key="k1", ended=DEC_1, billed=Decimal("0.123456789"))
     assert rec.period == P_DEC
@@ -214,7 +227,7 @@ async def test_settle_without_a_hold_or_a_key_hold(ledger: UsageLedger) -> None:
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.3"), Decimal(0))
     assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal("0.3"), Decimal(0))
     # held on the tenant only (tenant cap, no key cap): the key's counter has nothing to release
-    await ledger.reserve("t1", "k1", P_NOV, Decimal(1), tenant_cap=Decimal(10), key_cap=None)
+    await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="turn2", tenant_cap=Decimal(10), key_cap=None)
     rec2 = _record("turn2#llm#2", key="k1", billed=Decimal("0.2"))
     assert await ledger.settle(rec2, reserved=Decimal(1), reserved_period=P_NOV, key_held=False) is True
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.5"), Decimal(0))
@@ -229,14 +242,56 @@ async def test_settle_without_a_hold_or_a_key_hold(ledger: UsageLedger) -> None:
 
 
 async def test_release_drops_a_hold(ledger: UsageLedger) -> None:
-    await ledger.reserve("t1", "k1", P_NOV, Decimal("2.5"), tenant_cap=Decimal(3), key_cap=Decimal(3))
-    await ledger.reserve("t1", "k1", P_NOV, Decimal("0.5"), tenant_cap=Decimal(3), key_cap=None)
-    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.1"), tenant_cap=Decimal(3), key_cap=None) == "tenant"
-    await ledger.release("t1", "k1", P_NOV, Decimal("2.5"), key_held=True)
-    await ledger.release("t1", "k1", P_NOV, Decimal("0.5"), key_held=False)
+    await ledger.reserve("t1", "k1", P_NOV, Decimal("2.5"), turn_id="turnA", tenant_cap=Decimal(3), key_cap=Decimal(3))
+    await ledger.reserve("t1", "k1", P_NOV, Decimal("0.5"), turn_id="turnB", tenant_cap=Decimal(3), key_cap=None)
+    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.1"),
+                                turn_id="turnB", tenant_cap=Decimal(3), key_cap=None) == "tenant"
+    await ledger.release("t1", "k1", P_NOV, Decimal("2.5"), turn_id="turnA", key_held=True)
+    await ledger.release("t1", "k1", P_NOV, Decimal("0.5"), turn_id="turnB", key_held=False)
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal(0))
     assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal(0), Decimal(0))
-    assert await ledger.reserve("t1", "k1", P_NOV, Decimal(3), tenant_cap=Decimal(3), key_cap=Decimal(3)) is None
+    assert await ledger.reserve("t1", "k1", P_NOV, Decimal(3),
+                                turn_id="turn0", tenant_cap=Decimal(3), key_cap=Decimal(3)) is None
+
+
+async def test_release_turn_gives_back_what_a_dead_runners_turn_holds(ledger: UsageLedger) -> None:
+    await ledger.reserve("t1", "k1", P_NOV, Decimal("2.5"), turn_id="dead", tenant_cap=Decimal(3),
+                         key_cap=Decimal(3))
+    await ledger.reserve("t1", "k1", P_NOV, Decimal("0.25"), turn_id="alive", tenant_cap=Decimal(3), key_cap=None)
+    # another tenant's turn of the same id, and months the hold is not in, release nothing
+    assert await ledger.release_turn("t2", "k1", "dead", [P_NOV]) == Decimal(0)
+    assert await ledger.release_turn("t1", "k1", "dead", [P_DEC]) == Decimal(0)
+    assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal("2.75"))
+
+    assert await ledger.release_turn("t1", "k1", "dead", [P_NOV, P_DEC]) == Decimal("2.5")
+    assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal("0.25"))
+    assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal(0), Decimal(0))
+    # once only
+    assert await ledger.release_turn("t1", "k1", "dead", [P_NOV]) == Decimal(0)
+    assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal("0.25"))
+    # the living turn's hold is untouched and settles as usual
+    rec = _record("alive#llm#1", key="k1", billed=Decimal("0.1"))
+    assert await ledger.settle(rec, reserved=Decimal("0.25"), reserved_period=P_NOV, key_held=False) is True
+    assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.1"), Decimal(0))
+    assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal("0.1"), Decimal(0))
+
+
+async def test_a_late_settle_after_release_turn_bills_the_cost_and_releases_nothing_twice(
+        ledger: UsageLedger) -> None:
+    # a runner taken for dead settles after all: its record and cost count, its hold was given back once
+    await ledger.reserve("t1", "k1", P_NOV, Decimal(2), turn_id="slow", tenant_cap=Decimal(5), key_cap=Decimal(5))
+    await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="other", tenant_cap=Decimal(5), key_cap=Decimal(5))
+    assert await ledger.release_turn("t1", "k1", "slow", [P_NOV]) == Decimal(2)
+    rec = _record("slow#llm#1", key="k1", billed=Decimal("0.5"))
+    assert await ledger.settle(rec, reserved=Decimal(2), reserved_period=P_NOV, key_held=True) is True
+    for key in (None, "k1"):
+        assert await ledger.spend("t1", key, P_NOV) == Spend(Decimal("0.5"), Decimal(1)), key
+    assert await ledger.list_usage("t1", since_ms=0, until_ms=DEC_1) == [rec]
+    # the same for a release after release_turn
+    await ledger.release("t1", "k1", P_NOV, Decimal(1), turn_id="other", key_held=True)
+    await ledger.release("t1", "k1", P_NOV, Decimal(1), turn_id="other", key_held=True)
+    for key in (None, "k1"):
+        assert await ledger.spend("t1", key, P_NOV) == Spend(Decimal("0.5"), Decimal(0)), key
 
 
 # ---- rate windows --------------------------------------------------------------------------------
@@ -344,15 +399,16 @@ async def dynamodb(aws_env: None, aws_session: botocore.session.Session, moto_en
 async def test_dynamodb_request_counts(dynamodb: DynamoDBStore) -> None:
     ledger, calls = DynamoDBUsageLedger(dynamodb), Calls(dynamodb)
     d = Decimal
-    assert await calls.ops(ledger.reserve("t1", "k1", P_NOV, d(1), tenant_cap=d(5), key_cap=None)) == ["UpdateItem"]
-    assert await calls.ops(ledger.reserve("t1", "k1", P_NOV, d(1), tenant_cap=d(5), key_cap=d(5))) == \
+    assert await calls.ops(ledger.reserve("t1", "k1", P_NOV, d(1),
+                                          turn_id="x", tenant_cap=d(5), key_cap=None)) == ["UpdateItem"]
+    assert await calls.ops(ledger.reserve("t1", "k1", P_NOV, d(1), turn_id="x", tenant_cap=d(5), key_cap=d(5))) == \
         ["TransactWriteItems"]
     rec = _record("x#llm#1", key="k1")
     assert await calls.ops(ledger.settle(rec, reserved=d(1), reserved_period=P_NOV, key_held=True)) == \
         ["TransactWriteItems"]
     sandbox = _record("x#sandbox", billed=d(0))
     assert await calls.ops(ledger.settle(sandbox, reserved=d(0), reserved_period=P_NOV, key_held=False)) == ["PutItem"]
-    assert await calls.ops(ledger.release("t1", None, P_NOV, d(1), key_held=False)) == ["UpdateItem"]
+    assert await calls.ops(ledger.release("t1", None, P_NOV, d(1), turn_id="x", key_held=False)) == ["UpdateItem"]
     assert await calls.ops(ledger.spend("t1", None, P_NOV)) == ["GetItem"]
     assert await calls.ops(ledger.admit("t1", "k1", 5, tenant_limit=None, key_limit=None)) == []
     assert await calls.ops(ledger.admit("t1", "k1", 5, tenant_limit=3, key_limit=None)) == ["UpdateItem"]
@@ -365,12 +421,22 @@ async def test_dynamodb_request_counts(dynamodb: DynamoDBStore) -> None:
 
 async def test_dynamodb_settle_writes_one_item_per_counter(dynamodb: DynamoDBStore) -> None:
     ledger, calls = DynamoDBUsageLedger(dynamodb), Calls(dynamodb)
-    same = _record("y#llm#1", key="k1")
-    await ledger.settle(same, reserved=Decimal(1), reserved_period=P_NOV, key_held=True)
-    across = _record("y#llm#2", key="k1", ended=DEC_1)
-    await ledger.settle(across, reserved=Decimal(1), reserved_period=P_NOV, key_held=True)
-    sizes = [len(params["TransactItems"]) for name, params in calls.log if name == "TransactWriteItems"]
+    sizes = []
+    for record in (_record("y#llm#1", key="k1"), _record("y#llm#2", key="k1", ended=DEC_1)):
+        await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="y", tenant_cap=Decimal(5), key_cap=Decimal(5))
+        calls.log.clear()
+        await ledger.settle(record, reserved=Decimal(1), reserved_period=P_NOV, key_held=True)
+        sizes += [len(params["TransactItems"]) for name, params in calls.log if name == "TransactWriteItems"]
     assert sizes == [3, 5]  # the record + tenant and key counters (of one month, then of two)
+
+
+async def test_dynamodb_release_turn_request_counts(dynamodb: DynamoDBStore) -> None:
+    ledger, calls = DynamoDBUsageLedger(dynamodb), Calls(dynamodb)
+    await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="w", tenant_cap=Decimal(5), key_cap=Decimal(5))
+    # one read per month and counter; an update per hold found
+    assert await calls.ops(ledger.release_turn("t1", "k1", "w", [P_NOV, P_DEC])) == \
+        ["GetItem", "UpdateItem", "GetItem", "UpdateItem", "GetItem", "GetItem"]
+    assert await calls.ops(ledger.release_turn("t1", None, "w", [P_NOV])) == ["GetItem"]
 
 
 async def test_dynamodb_rate_windows_expire(dynamodb: DynamoDBStore) -> None:
@@ -404,12 +470,13 @@ async def test_dynamodb_conflicting_transactions_are_tried_again() -> None:
     client = _ConflictingClient(conflicts=2)
     store = SimpleNamespace(client=client, table_name="t", backoff_base_s=0.0, backoff_attempts=8)
     ledger = DynamoDBUsageLedger(cast(DynamoDBStore, store))
-    assert await ledger.reserve("t1", "k1", P_NOV, Decimal(1), tenant_cap=Decimal(5), key_cap=Decimal(5)) is None
+    assert await ledger.reserve("t1", "k1", P_NOV, Decimal(1),
+                                turn_id="z", tenant_cap=Decimal(5), key_cap=Decimal(5)) is None
     assert client.calls == 3
     assert await ledger.settle(_record("z#llm#1"), reserved=Decimal(1), reserved_period=P_NOV, key_held=False)
     # past the attempts: the conflict is raised
     store.backoff_attempts = 2
     client.conflicts, client.calls = 5, 0
     with pytest.raises(ClientError):
-        await ledger.release("t1", "k1", P_NOV, Decimal(1), key_held=True)
+        await ledger.release("t1", "k1", P_NOV, Decimal(1), turn_id="z", key_held=True)
     assert client.calls == 2

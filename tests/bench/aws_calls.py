@@ -280,9 +280,11 @@ def run(quick: bool) -> dict[str, Any]:
     from moto.server import ThreadedMotoServer
 
     from agentvm.adapters.aws.botocore_async import default_session
+    from tests.aws_fixtures import exact_moto_numbers
 
     scale = 0.1 if quick else 1.0
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access line per moto request
+    exact_moto_numbers()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

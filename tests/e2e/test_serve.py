@@ -13,6 +13,7 @@ import pytest
 
 from agentvm import __version__
 from tests.fakes.fake_anthropic import FakeAnthropic, FakeUsage, Reply, Text, ToolUse
+from tests.support.raw_ws import client_frame, open_raw, read_until_close
 from tests.support.servers import REPO, serve, stop_serve
 from tests.support.stock_client import StockClient
 
@@ -45,8 +46,17 @@ async def test_health_and_the_stock_client_flow(tmp_path: Path) -> None:
                 assert assistant["data"]["content"][0]["text"] == "".join(deltas)
                 assert end["data"] == {"reason": "completed"}
                 assert c.acks_sent == len(c.raw)  # every frame came wrapped and was ACKed
+        # a text frame that is not UTF-8 closes its connection (1007), logged as one line
+        sock = await open_raw(srv.port)
+        try:
+            await asyncio.get_running_loop().sock_sendall(sock, client_frame(b"\xff\xfe{}"))
+            assert (await read_until_close(sock, 10))[1] == 1007
+        finally:
+            sock.close()
         stop_serve(srv)
         entries = logs(srv.log())
+    (bad_frame,) = [e for e in entries if e["msg"] == "Invalid UTF-8 sequence received from client."]
+    assert bad_frame["level"] == "INFO" and "exc" not in bad_frame and "Traceback" not in srv.log()
     banner = next(e for e in entries if e.get("event") == "startup")
     assert banner["driver"] == "scripted" and "offline" in str(banner["msg"]) and banner["port"] == srv.port
     turns = [e for e in entries if e.get("msg") == "turn finished"]

@@ -7,8 +7,9 @@ messages are kept, nothing is billed twice, no budget stays held, no tool proces
 server, and the next message works (`services/recovery.py`).
 
 Cloud (moto): the next `chat_turn` of the session, once the dead invocation's lease has expired,
-fails the turn it left unfinished (`worker_lost`), publishes the error to the subscribers, and runs
-the turns queued behind it (`services/session_worker.py`).
+fails the turn it left unfinished (`worker_lost`), gives back the budget hold of the call it died in,
+publishes the error to the subscribers, and runs the turns queued behind it
+(`services/session_worker.py`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from agentvm.domain.models import (
     Subscription,
     TurnStatus,
 )
+from agentvm.domain.usage import Budget, Spend, period_of
 from agentvm.ids import now_ms
 from agentvm.protocol.commands import ImageConfig
 from agentvm.services.bundle import Services
@@ -316,7 +318,10 @@ async def _chat_turn_killed_mid_turn(rt: cloud_runtime.CloudRuntime, log: Binary
         return dict(got["Item"])
 
     inv, s = ws_default()
-    image = await s.images.create(p, "c-crash", ImageConfig(name="Crash"))
+    assert rt.meter is not None
+    ledger, period = rt.meter.ledger, period_of(now_ms())
+    await ledger.put_budget(Budget(TENANT, monthly=Decimal(5), updated_at=now_ms()))
+    image = await s.images.create(p, "c-crash", ImageConfig(name="Crash", model=MODEL))
     sid = image.session_id
     conn = "crashWatcher01A="  # a subscribed client: the fan-out posts every session event to it
     await rt.registry.put_connection(ConnectionRecord(conn, TENANT, None, now_ms()))
@@ -346,6 +351,8 @@ async def _chat_turn_killed_mid_turn(rt: cloud_runtime.CloudRuntime, log: Binary
     assert record["runner"] == record["lease_owner"] and record["runner"]["S"].startswith("chat_turn:")
     assert record["queued"]["SS"] == [turn1.turn_id]
     assert [t.status for t in await rt.store.list_turns(TENANT, sid)] == [TurnStatus.QUEUED]
+    held = (await ledger.spend(TENANT, None, period)).reserved
+    assert held > 0  # the worst case of the call it died in
     # while that lease runs, another chat_turn of the session finds it taken and leaves at once
     inv = rt.invocation(TENANT, role="chat_turn", driver=await rt.driver())
     early = rt.worker(inv)
@@ -388,10 +395,12 @@ async def _chat_turn_killed_mid_turn(rt: cloud_runtime.CloudRuntime, log: Binary
     assert after[-1]["type"] == "turn_response" and after[-1]["data"]["status"] == "completed"
     assert "".join(f["data"]["text"] for f in after if f["type"] == "text_delta") == "You said: hello again"
 
-    # usage: the killed call left no record; the next turn's call has one
-    assert rt.meter is not None
-    records = await rt.meter.ledger.list_usage(TENANT, since_ms=0, until_ms=now_ms() + 1)
+    # usage: the killed call left no record and its hold is given back; the next turn's call has a
+    # record, and the month's counter is exactly its cost
+    records = await ledger.list_usage(TENANT, since_ms=0, until_ms=now_ms() + 1)
     assert [(r.turn_id, r.record_id.split("#", 1)[1]) for r in records] == [(turn2.turn_id, "llm#1")]
+    assert await ledger.spend(TENANT, None, period) == Spend(records[0].billed_cost, Decimal(0))
+    assert records[0].billed_cost > 0
 
 
 async def test_the_runner_mark_names_only_a_runner_that_never_released(

@@ -542,7 +542,7 @@ class Live:
         if len(frame.payload) > LIVE_LIMIT:
             assert close.code == 1009, (close, frame)
             assert str(LIVE_LIMIT) in close.reason and "exceed" in close.reason, close
-        else:  # uvicorn closes without a reason (and logs the client's bytes as an error with a traceback)
+        else:  # uvicorn closes without a reason (avm serve logs it as one INFO line: logs.ClientFaultFilter)
             assert close.code == 1007, (close, frame)
 
 

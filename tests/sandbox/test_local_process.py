@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentvm.adapters.local import local_process
-from agentvm.adapters.local.local_process import Host, Isolation, LocalProcessRunner, probe_host
+from agentvm.adapters.local.local_process import TOOL_NICENESS, Host, Isolation, LocalProcessRunner, probe_host
 from agentvm.errors import AgentVMError, InvalidRequest
 from agentvm.sandbox import Limits, Runtime, Workspace
 from tests.sandbox.conftest import ROOT, needs_root, user_tasks
@@ -185,12 +185,20 @@ async def test_both_launchers_set_the_limits(base: Path, tool_uid: int, launcher
         pytest.skip("util-linux prlimit/setpriv missing")
     rt = await _runtime(base, tool_uid, "none", launcher=launcher, pids_cgroup=False)
     limits = Limits(cpu_s=7, memory_bytes=512 << 20, file_size_bytes=3 << 20, processes=40)
-    result = await rt.exec("ulimit -t; ulimit -v; ulimit -f; ulimit -c; ulimit -u; id -u", limits=limits)
+    result = await rt.exec("ulimit -t; ulimit -v; ulimit -f; ulimit -c; ulimit -u; id -u; nice", limits=limits)
     assert result.exit_code == 0, result
-    cpu, mem, fsize, core, nproc, uid = result.stdout.decode().split()
+    cpu, mem, fsize, core, nproc, uid, nice = result.stdout.decode().split()
     assert (cpu, mem, fsize, core) == ("7", str(512 << 10), str(3 << 10), "0")
+    assert int(nice) == min(19, os.nice(0) + TOOL_NICENESS)  # below the server's priority
     if ROOT:
         assert (nproc, uid) == ("40", str(tool_uid))
+
+
+async def test_a_tool_runs_below_the_servers_cpu_priority(base: Path, tool_uid: int, isolation: Isolation) -> None:
+    rt = await _runtime(base, tool_uid, isolation)
+    result = await rt.exec("nice", limits=QUICK)
+    assert result.exit_code == 0, result
+    assert int(result.stdout) == min(19, os.nice(0) + TOOL_NICENESS)
 
 
 async def test_cwd_is_confined(base: Path, tool_uid: int) -> None:

@@ -10,9 +10,9 @@ import socket
 import time
 
 
-def client_frame(text: str) -> bytes:
-    """A masked client text frame."""
-    payload = text.encode()
+def client_frame(text: str | bytes) -> bytes:
+    """A masked client text frame (`bytes`: sent as they are, UTF-8 or not)."""
+    payload = text.encode() if isinstance(text, str) else text
     mask = os.urandom(4)
     n = len(payload)
     if n < 126:

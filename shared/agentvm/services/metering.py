@@ -120,7 +120,7 @@ class Meter:
         if tenant_cap is None and key_cap is None:
             return Hold(period, Decimal(0), False, now)
         amount = worst_cost(request, markup=markup, prices=prices)
-        refused = await self.ledger.reserve(turn.tenant_id, turn.key_id, period, amount,
+        refused = await self.ledger.reserve(turn.tenant_id, turn.key_id, period, amount, turn_id=turn.turn_id,
                                             tenant_cap=tenant_cap, key_cap=key_cap)
         if refused is not None:
             cap = tenant_cap if refused == "tenant" else key_cap
@@ -132,7 +132,14 @@ class Meter:
 
     async def release(self, turn: Turn, hold: Hold) -> None:
         if hold.amount:
-            await self.ledger.release(turn.tenant_id, turn.key_id, hold.period, hold.amount, key_held=hold.key_held)
+            await self.ledger.release(turn.tenant_id, turn.key_id, hold.period, hold.amount, turn_id=turn.turn_id,
+                                      key_held=hold.key_held)
+
+    async def release_lost(self, turn: Turn) -> Decimal:
+        """Give back what a turn whose runner died during an LLM call still holds (its months: the one
+        it started in and this one). The call's tokens are not known, so nothing is billed for it."""
+        periods = [period_of(turn.started_at or turn.created_at), period_of(self._clock())]
+        return await self.ledger.release_turn(turn.tenant_id, turn.key_id, turn.turn_id, periods)
 
     async def settle(self, turn: Turn, hold: Hold, *, call: int, provider: str, model: str, usage: Usage,
                      cost: Cost, status: str) -> UsageRecord:

@@ -16,7 +16,8 @@ A worker that dies holding the lease (a crash, the function's timeout) leaves it
 and its runner mark on the lease record. The next worker to take the lease, once it has expired,
 finds the mark (`LeaseState.dead_runner`) and fails that turn (`worker_lost`: the error triple,
 `turn_response`, the error message in the history), as `avm serve` does at start-up with the turns
-of a crash (services/recovery.py); the turns queued behind it then run.
+of a crash (services/recovery.py), and gives back the budget hold of the call it died in; the turns
+queued behind it then run.
 """
 
 from __future__ import annotations
@@ -212,6 +213,15 @@ class SessionWorker:
             "session_id": lost.session_id, "turn_id": lost.turn_id, "runner": run.state.dead_runner})
         history = SessionHistory(self.deps.store, lost.tenant_id, lost.session_id)
         await ScheduledTurn(self.deps, channel, history).abandon(lost, WorkerLost(WORKER_LOST_TEXT))
+        if self.deps.meter is not None:
+            try:
+                released = await self.deps.meter.release_lost(lost)
+            except Exception:  # the turn is failed already; the hold then lasts until the month ends
+                log.exception("the dead runner's budget hold was not released", extra={"turn_id": lost.turn_id})
+            else:
+                if released:
+                    log.warning("the dead runner's budget hold is released", extra={
+                        "turn_id": lost.turn_id, "released": str(released)})
         run.done.add(lost.turn_id)
         return lost
 

@@ -24,11 +24,16 @@ digits), `{shard}` crc32 of the tenant and record id modulo 8, `{yyyy-mm}` the U
 * A budget's counters of a month are one item: `spent` and `reserved` as DynamoDB numbers (exact
   decimals; written as Decimal text, never float) and `committed` = spent + reserved, because a
   condition cannot add two attributes. `reserve` is one conditional UpdateItem
-  (`ADD reserved :a, committed :a` if `attribute_not_exists(committed) OR committed <= :cap - :a`);
+  (`ADD reserved :a, committed :a SET #hold = :a` if `attribute_not_exists(committed) OR committed <=
+  :cap - :a`, where `#hold` is `hold#{turn}`: the counter notes each turn's hold while it lasts);
   with a key budget too it is a TransactWriteItems of both updates, and the cancellation reasons
   say which limit refused. `settle` is one TransactWriteItems: the conditional Put of the record and
   one Update per counter item it changes (the hold leaves the reserved month, the billed cost joins
-  the record's own month: one item when they are the same month, two otherwise).
+  the record's own month: one item when they are the same month, two otherwise). Releasing a hold
+  (`settle`, `release`) removes the turn's note in the same update, on condition that it is still
+  there; `release_turn` (a dead runner's turn) reads the note and releases exactly that amount. So a
+  hold is released once, whichever comes first. A note is ~40 bytes: a counter item passes 1 KB (2
+  write units per update) only with some 20 calls of one tenant in flight at once.
 * A rate window is one item per budget and minute: `ADD n :one` if `attribute_not_exists(n) OR n
   < :limit`, with `expires_at` (the table's TTL, seconds) a few minutes after the window.
 * Budgets of a tenant share one partition: `list_budgets` is one strongly consistent Query.
@@ -39,9 +44,11 @@ Requests per operation (R = read, W = write; a transaction bills 2 write units p
 GSI write 1 per index): put_budget 1 W · delete_budget 1 W · list_budgets 1 R · reserve: no cap 0,
 one cap 1 W (UpdateItem), tenant and key 1 W (TransactWriteItems, 2 items) · settle 1 W
 (TransactWriteItems: the record + 1 counter, +1 when the months differ, ×2 with a key; a PutItem when
-no counter changes) — plus 2 index writes for the record · release 1 W (UpdateItem; a transaction of 2
-with the key) · spend 1 R · admit: no limit 0, one limit 1 W, both 1 W (TransactWriteItems, 2 items) ·
-list_usage 1 R/page (a tenant), 8 R/page per month of the range (all tenants).
+no counter changes; a late settle whose hold `release_turn` took: 2 W, the first one refused) — plus 2
+index writes for the record · release 1 W (UpdateItem; a transaction of 2 with the key) · release_turn
+1 R per month and counter, +1 W per hold found · spend 1 R · admit: no limit 0, one limit 1 W, both
+1 W (TransactWriteItems, 2 items) · list_usage 1 R/page (a tenant), 8 R/page per month of the range
+(all tenants).
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ import asyncio
 import itertools
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -122,33 +129,62 @@ class DynamoDBUsageLedger:
     # ---- monthly counters --------------------------------------------------------------------
 
     async def reserve(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
-                      tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
+                      turn_id: str, tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
         key_cap, verdict = precheck_hold(key_id, amount, tenant_cap, key_cap)
         if verdict != "check":
             return verdict
-        holds = [("tenant", _hold(_spend_key(tenant_id, None, period), amount, tenant_cap))]
+        holds = [("tenant", _hold(_spend_key(tenant_id, None, period), amount, tenant_cap, turn_id))]
         if key_cap is not None:
-            holds.append(("key", _hold(_spend_key(tenant_id, key_id, period), amount, key_cap)))
+            holds.append(("key", _hold(_spend_key(tenant_id, key_id, period), amount, key_cap, turn_id)))
         failed = await self._write([op for _which, op in holds])
         return next((which for (which, _op), f in zip(holds, failed, strict=False) if f), None)
 
     async def settle(self, record: UsageRecord, *, reserved: Decimal, reserved_period: str,
                      key_held: bool) -> bool:
-        ops: list[Item] = [{"Put": {"Item": _record_item(record), "ConditionExpression": "attribute_not_exists(PK)"}}]
-        deltas = _settle_deltas(record, reserved=reserved, reserved_period=reserved_period, key_held=key_held)
-        ops.extend(_change(_spend_key(record.tenant_id, kid, period), spent, held)
-                   for (kid, period), (spent, held) in deltas.items())
-        failed = await self._write(ops)
-        return not failed
+        put: Item = {"Put": {"Item": _record_item(record), "ConditionExpression": "attribute_not_exists(PK)"}}
+        held = reserved
+        while True:
+            deltas = _settle_deltas(record, reserved=held, reserved_period=reserved_period, key_held=key_held)
+            ops = [put, *(_change(_spend_key(record.tenant_id, kid, period), spent, change,
+                                  record.turn_id if change else None)
+                          for (kid, period), (spent, change) in deltas.items())]
+            failed = await self._write(ops)
+            if not failed:
+                return True
+            if failed[0] or held == 0:
+                return False  # the record exists: settled before
+            held = _ZERO  # release_turn took the hold first: write the record and its cost only
 
     async def release(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
-                      key_held: bool) -> None:
+                      turn_id: str, key_held: bool) -> None:
         if amount == 0:
             return
-        ops = [_change(_spend_key(tenant_id, None, period), _ZERO, -amount)]
+        ops = [_change(_spend_key(tenant_id, None, period), _ZERO, -amount, turn_id)]
         if key_held and key_id is not None:
-            ops.append(_change(_spend_key(tenant_id, key_id, period), _ZERO, -amount))
-        await self._write(ops)
+            ops.append(_change(_spend_key(tenant_id, key_id, period), _ZERO, -amount, turn_id))
+        await self._write(ops)  # a failed condition: release_turn took the hold first
+
+    async def release_turn(self, tenant_id: str, key_id: str | None, turn_id: str,
+                           periods: Sequence[str]) -> Decimal:
+        """Per month and counter (the tenant's, the key's): one strongly consistent GetItem of the
+        turn's hold attribute, and when it is there one conditional UpdateItem that releases it."""
+        released = _ZERO
+        names = {"#h": _hold_attribute(turn_id)}
+        for period in dict.fromkeys(periods):
+            for kid in (None, key_id) if key_id is not None else (None,):
+                key = _spend_key(tenant_id, kid, period)
+                res = await self.store.client.get_item(TableName=self.store.table_name, Key=key, ConsistentRead=True,
+                                                       ProjectionExpression="#h", ExpressionAttributeNames=names)
+                attr = (res.get("Item") or {}).get(names["#h"])
+                if attr is None:
+                    continue
+                amount = Decimal(attr["N"])
+                op = _change(key, _ZERO, -amount, turn_id)
+                op["Update"]["ConditionExpression"] = "#h = :held"
+                op["Update"]["ExpressionAttributeValues"][":held"] = attr
+                if not await self._write([op]) and kid is None:
+                    released += amount
+        return released
 
     async def spend(self, tenant_id: str, key_id: str | None, period: str) -> Spend:
         res = await self.store.client.get_item(TableName=self.store.table_name, ConsistentRead=True,
@@ -258,9 +294,15 @@ def _spend_key(tenant_id: str, key_id: str | None, period: str) -> Item:
     return _key(_budget_pk("SPEND", tenant_id, key_id), period)
 
 
-def _hold(key: Item, amount: Decimal, cap: Decimal | None) -> Item:
-    """Add `amount` to a counter's `reserved` (and `committed`), unless that passes `cap`."""
-    update: Item = {"Key": key, "UpdateExpression": "ADD reserved :a, committed :a",
+def _hold_attribute(turn_id: str) -> str:
+    return f"hold#{turn_id}"
+
+
+def _hold(key: Item, amount: Decimal, cap: Decimal | None, turn_id: str) -> Item:
+    """Add `amount` to a counter's `reserved` (and `committed`), unless that passes `cap`, and note it
+    as the turn's hold (`hold#{turn}`), so that `release_turn` can give it back."""
+    update: Item = {"Key": key, "UpdateExpression": "ADD reserved :a, committed :a SET #h = :a",
+                    "ExpressionAttributeNames": {"#h": _hold_attribute(turn_id)},
                     "ExpressionAttributeValues": {":a": _num(amount)}}
     if cap is not None:
         room = cap - amount
@@ -271,8 +313,9 @@ def _hold(key: Item, amount: Decimal, cap: Decimal | None) -> Item:
     return {"Update": update}
 
 
-def _change(key: Item, spent: Decimal, held: Decimal) -> Item:
-    """Add `spent` and `held` (either may be negative or zero) to a counter, keeping `committed`."""
+def _change(key: Item, spent: Decimal, held: Decimal, released_turn: str | None = None) -> Item:
+    """Add `spent` and `held` (either may be negative or zero) to a counter, keeping `committed`; with
+    `released_turn`, only if that turn's hold is still noted there, and the note goes."""
     parts, values = [], {}
     for name, delta in (("spent", spent), ("reserved", held), ("committed", spent + held)):
         if delta != 0:
@@ -280,8 +323,12 @@ def _change(key: Item, spent: Decimal, held: Decimal) -> Item:
             values[f":{name}"] = _num(delta)
     if not parts:  # e.g. a hold released into the same month's equal cost: still the same item
         parts, values = ["committed :z"], {":z": _n(0)}
-    return {"Update": {"Key": key, "UpdateExpression": "ADD " + ", ".join(parts),
-                       "ExpressionAttributeValues": values}}
+    update: Item = {"Key": key, "UpdateExpression": "ADD " + ", ".join(parts), "ExpressionAttributeValues": values}
+    if released_turn is not None:
+        update["UpdateExpression"] += " REMOVE #h"
+        update["ConditionExpression"] = "attribute_exists(#h)"
+        update["ExpressionAttributeNames"] = {"#h": _hold_attribute(released_turn)}
+    return {"Update": update}
 
 
 _Deltas = dict[tuple[str | None, str], tuple[Decimal, Decimal]]  # (key id, period) -> (spent, reserved) change

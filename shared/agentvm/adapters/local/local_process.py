@@ -7,7 +7,8 @@ What stands between a tool and the host, in layers (each used when this machine 
   process group (killed as a whole at the timeout and when the command exits, so background children
   do not outlive the call), a cwd confined to the root, rlimits (CPU seconds, address space, file
   size, no core dumps), stdout/stderr kept up to `output_bytes` and the process killed once it has
-  written `output_kill_at` bytes.
+  written `output_kill_at` bytes, and a lower CPU priority (nice `TOOL_NICENESS`), so that a tool
+  that spins cannot slow the server answering everyone else.
 * **Server running as root**: the tool runs as an unprivileged uid (`run_as`; by default the owner
   of the workspace root, or nobody 65534 when root owns it, which is then handed to that uid) with
   no capabilities, no supplementary groups and `no_new_privs` (setuid binaries do not elevate).
@@ -66,6 +67,9 @@ Launcher = Literal["auto", "exec", "preexec"]
 DEFAULT_RUN_AS = (65534, 65534)  # nobody:nogroup
 _READ_CHUNK = 64 << 10
 _DRAIN_S = 1.0  # after the command ends: how long its pipes may stay open (a process that escaped)
+#: How much lower a tool's CPU priority is than the server's (of 19): under contention the server gets
+#: ~90% of a core against a tool that spins (CFS weights 1024 : 110).
+TOOL_NICENESS = 10
 _REAP_S = 5.0  # how long a SIGKILLed process may take to be reaped
 _CG_JOIN = 'echo $$ > "$0" && exec "$@"'  # sh -c: move this shell into a cgroup, then become the command
 # /etc entries a sandboxed tool gets (read-only, when present): users, the dynamic linker, time zone,
@@ -237,6 +241,7 @@ class Host:
     bwrap: str | None  # a bwrap that works here, as this runner would use it
     bwrap_problem: str | None  # why not, when it is not usable
     cgroups: PidsCgroups | None
+    nice: str | None = None  # coreutils' nice, for the exec chain
 
     @property
     def exec_launcher(self) -> bool:
@@ -284,7 +289,7 @@ def _probe() -> Host:
         if problem is not None:
             bwrap = None
     return Host(privileged=privileged, prlimit=prlimit, setpriv=setpriv, sh=sh, bwrap=bwrap,
-                bwrap_problem=problem, cgroups=cgroups)
+                bwrap_problem=problem, cgroups=cgroups, nice=shutil.which("nice"))
 
 
 def _probe_bwrap(bwrap: str, privileged: bool, setpriv: str | None) -> str | None:
@@ -675,7 +680,8 @@ class LocalProcessRunner:
         assert host.prlimit is not None
         names = {resource.RLIMIT_CPU: "cpu", resource.RLIMIT_AS: "as", resource.RLIMIT_FSIZE: "fsize",
                  resource.RLIMIT_CORE: "core", resource.RLIMIT_NPROC: "nproc"}
-        chain = [host.prlimit, *(f"--{names[r]}={soft}:{hard}" for r, soft, hard in rlimits), "--", *inner]
+        niced = [host.nice, "-n", str(TOOL_NICENESS)] if host.nice is not None else []
+        chain = [host.prlimit, *(f"--{names[r]}={soft}:{hard}" for r, soft, hard in rlimits), "--", *niced, *inner]
         if cgroup is not None:
             chain = [host.sh, "-c", _CG_JOIN, str(cgroup / "cgroup.procs"), *chain]
         return _Plan(chain, workdir, None, cgroup)
@@ -695,6 +701,8 @@ def _child_setup(procs: str | None, rlimits: list[tuple[int, int, int]],
         for res, soft, hard in rlimits:
             with contextlib.suppress(OSError, ValueError):  # e.g. RLIMIT_AS on macOS
                 resource.setrlimit(res, (soft, hard))
+        with contextlib.suppress(OSError):
+            os.nice(TOOL_NICENESS)
         if run_as is not None:
             os.setgroups([])
             os.setresgid(run_as[1], run_as[1], run_as[1])

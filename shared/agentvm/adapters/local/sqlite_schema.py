@@ -245,4 +245,15 @@ MIGRATIONS: list[str] = [
     ) WITHOUT ROWID;
     ALTER TABLE turns ADD COLUMN key_id TEXT;
     """,
+    # 9: each budget hold names its turn, so a turn whose runner died can give its hold back
+    """
+    CREATE TABLE holds (
+        tenant_id TEXT NOT NULL,
+        turn_id TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        period TEXT NOT NULL,
+        amount TEXT NOT NULL,
+        PRIMARY KEY (tenant_id, turn_id)
+    ) WITHOUT ROWID;
+    """,
 ]

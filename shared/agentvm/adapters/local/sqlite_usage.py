@@ -1,5 +1,7 @@
-"""The UsageLedger port on the local SQLite database (schema version 8: `usage_records`, `budgets`,
-`spend`, `rate_windows`). `key_id` '' stands for the tenant's own budget, counters and windows.
+"""The UsageLedger port on the local SQLite database (`usage_records`, `budgets`, `spend` and
+`rate_windows` from schema version 8, `holds` from 9). `key_id` '' stands for the tenant's own budget,
+counters and windows; a hold's row names its turn, its month, its amount and the key whose counter it
+also holds ('' when only the tenant's).
 
 Money is Decimal text; arithmetic happens in Python. Every method is one job of the store, and the
 store runs each job in a savepoint of a `BEGIN IMMEDIATE` transaction on its single writer thread:
@@ -9,6 +11,7 @@ the read-check-write of `reserve`, `settle` and `admit` is atomic.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +63,7 @@ class SqliteUsageLedger:
     # ---- monthly counters --------------------------------------------------------------------
 
     async def reserve(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
-                      tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
+                      turn_id: str, tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
         key_cap, verdict = precheck_hold(key_id, amount, tenant_cap, key_cap)
         if verdict != "check":
             return verdict
@@ -75,24 +78,26 @@ class SqliteUsageLedger:
                     return "key"
                 _put_spend(c, tenant_id, _kid(key_id), period, Spend(key.spent, key.reserved + amount))
             _put_spend(c, tenant_id, "", period, Spend(tenant.spent, tenant.reserved + amount))
+            c.execute("INSERT OR REPLACE INTO holds (tenant_id, turn_id, key_id, period, amount) VALUES (?,?,?,?,?)",
+                      (tenant_id, turn_id, "" if key_cap is None else _kid(key_id), period, _text(amount)))
             return None
         return await self.store.run(job)
 
     async def settle(self, record: UsageRecord, *, reserved: Decimal, reserved_period: str,
                      key_held: bool) -> bool:
-        deltas = _settle_deltas(record, reserved=reserved, reserved_period=reserved_period, key_held=key_held)
-
         def job(c: sqlite3.Connection) -> bool:
             cur = c.execute(f"INSERT OR IGNORE INTO usage_records ({_RECORD_COLS}) "
                             f"VALUES ({','.join('?' * 22)})", _record_row(record))
             if cur.rowcount != 1:
                 return False
-            _apply(c, record.tenant_id, deltas)
+            held = reserved if reserved and _drop_hold(c, record.tenant_id, record.turn_id) else _ZERO
+            _apply(c, record.tenant_id, _settle_deltas(record, reserved=held, reserved_period=reserved_period,
+                                                       key_held=key_held))
             return True
         return await self.store.run(job)
 
     async def release(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
-                      key_held: bool) -> None:
+                      turn_id: str, key_held: bool) -> None:
         if amount == 0:
             return
         deltas = {("", period): (_ZERO, -amount)}
@@ -100,8 +105,25 @@ class SqliteUsageLedger:
             deltas[(key_id, period)] = (_ZERO, -amount)
 
         def job(c: sqlite3.Connection) -> None:
-            _apply(c, tenant_id, deltas)
+            if _drop_hold(c, tenant_id, turn_id):
+                _apply(c, tenant_id, deltas)
         await self.store.run(job)
+
+    async def release_turn(self, tenant_id: str, key_id: str | None, turn_id: str,
+                           periods: Sequence[str]) -> Decimal:
+        def job(c: sqlite3.Connection) -> Decimal:
+            row = c.execute("SELECT key_id, period, amount FROM holds WHERE tenant_id=? AND turn_id=?",
+                            (tenant_id, turn_id)).fetchone()
+            if row is None or row[1] not in periods:
+                return _ZERO
+            held_key, period, amount = row[0], row[1], Decimal(row[2])
+            _drop_hold(c, tenant_id, turn_id)
+            deltas = {("", period): (_ZERO, -amount)}
+            if held_key:
+                deltas[(held_key, period)] = (_ZERO, -amount)
+            _apply(c, tenant_id, deltas)
+            return amount
+        return await self.store.run(job)
 
     async def spend(self, tenant_id: str, key_id: str | None, period: str) -> Spend:
         def job(c: sqlite3.Connection) -> Spend:
@@ -116,6 +138,7 @@ class SqliteUsageLedger:
             held = [r[:3] for r in c.execute("SELECT tenant_id, key_id, period, reserved FROM spend").fetchall()
                     if Decimal(r[3]) != 0]
             c.executemany("UPDATE spend SET reserved='0' WHERE tenant_id=? AND key_id=? AND period=?", held)
+            c.execute("DELETE FROM holds")
             return len(held)
         return await self.store.run(job)
 
@@ -197,6 +220,11 @@ def _apply(c: sqlite3.Connection, tenant_id: str, deltas: _Deltas) -> None:
     for (kid, period), (spent, held) in deltas.items():
         cur = _spend(c, tenant_id, kid, period)
         _put_spend(c, tenant_id, kid, period, Spend(cur.spent + spent, cur.reserved + held))
+
+
+def _drop_hold(c: sqlite3.Connection, tenant_id: str, turn_id: str) -> bool:
+    """Remove the turn's hold row; False when it held nothing (already released)."""
+    return c.execute("DELETE FROM holds WHERE tenant_id=? AND turn_id=?", (tenant_id, turn_id)).rowcount == 1
 
 
 def _spend(c: sqlite3.Connection, tenant_id: str, kid: str, period: str) -> Spend:
