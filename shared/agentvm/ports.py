@@ -184,8 +184,9 @@ class SessionLeases(Protocol):
         ...
 
     async def poll(self, tenant_id: str, session_id: str, *, consistent: bool = False) -> LeaseState:
-        """Read the record (no seqs). Eventually consistent unless asked: the watcher's signals may
-        arrive one poll late; decisions that must be exact are conditional writes."""
+        """Read the record (no seqs; `dead_runner` when the lease has expired under a runner's mark).
+        Eventually consistent unless asked: the watcher's signals may arrive one poll late; decisions
+        that must be exact are conditional writes."""
         ...
 
     async def enqueue(self, tenant_id: str, session_id: str, turn_id: str, sender: str | None) -> None:

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS = REPO / "functions"
 SHARED = REPO / "shared"
 
-EXPECTED = ("ws_connect", "ws_disconnect", "ws_default", "http_api", "chat_turn")
+EXPECTED = ("ws_connect", "ws_disconnect", "ws_default", "http_api", "chat_turn", "turn_sweep")
 HEAVY = ("anthropic", "fastapi", "pydantic", "httpx", "aioboto3", "aiobotocore", "aiohttp", "uvicorn")
 FORBIDDEN = "anthropic"
 LIMIT_RATIO = 2.5

@@ -208,6 +208,27 @@ class TurnCounts:
 
 
 @dataclass(frozen=True)
+class Scheduled:
+    """A function that runs on a schedule whatever the traffic: `invocation.count` runs a month, each
+    reading `read_units`, plus `read_units_per_turn` for each turn of the month (a job that reads the
+    month's records)."""
+
+    invocation: Invocation
+    read_units: Decimal = field(default=D(0))
+    read_units_per_turn: Decimal = field(default=D(0))
+
+
+# template.yaml's schedules. turn_sweep (TurnSweepSchedule, every 2 minutes): its 16 index Queries
+# read nothing while no turn is unfinished, billed 0.5 RRU each. usage_export (daily): reads the
+# month to date, half a month of usage records on average, ~512 B each, 0.5 RRU per 4 KB.
+SCHEDULES = (
+    Scheduled(Invocation("turn_sweep", HOURS_PER_MONTH * 30, D(150), 256, init_ms=D(1000)), read_units=D(8)),
+    Scheduled(Invocation("usage_export", DAYS_PER_MONTH, D(60_000), 512, init_ms=D(1000)),
+              read_units_per_turn=DAYS_PER_MONTH / 2 * 512 / 4096 / 2),
+)
+
+
+@dataclass(frozen=True)
 class Scenario:
     registered_users: int = 1_000_000
     active_share: Decimal = field(default=D("0.05"))
@@ -219,6 +240,7 @@ class Scenario:
     event_ttl_hours: Decimal = field(default=D(48))  # event-log items expire (DynamoDB TTL, free deletes)
     log_retention_days: Decimal = field(default=D(14))  # template.yaml LogRetentionDays
     secrets: int = 1  # the LLM key in Secrets Manager
+    schedules: tuple[Scheduled, ...] = SCHEDULES
 
     @property
     def active_users(self) -> Decimal:
@@ -284,6 +306,9 @@ def monthly_cost(counts: TurnCounts, scenario: Scenario, prices: Prices = US_EAS
     conn = counts.per_connection
     runs = [(inv, turns * inv.count) for inv in counts.invocations]
     runs += [(inv, conns * inv.count) for inv in conn.invocations]
+    runs += [(job.invocation, job.invocation.count) for job in scenario.schedules]
+    scheduled_reads = sum((job.invocation.count * job.read_units + turns * job.read_units_per_turn
+                           for job in scenario.schedules), D(0))
     invocations = sum((n for _inv, n in runs), D(0))
     cold = [(inv, n * scenario.cold_start_share) for inv, n in runs]
 
@@ -317,8 +342,8 @@ def monthly_cost(counts: TurnCounts, scenario: Scenario, prices: Prices = US_EAS
         LineItem("Lambda", "SnapStart restores (cold starts)", restored_gb, p.snapstart_restore_gb),
         LineItem("DynamoDB", "write request units", turns * counts.ddb_write_units + conns * conn.ddb_write_units,
                  p.ddb_write_unit),
-        LineItem("DynamoDB", "read request units", turns * counts.ddb_read_units + conns * conn.ddb_read_units,
-                 p.ddb_read_unit),
+        LineItem("DynamoDB", "read request units",
+                 turns * counts.ddb_read_units + conns * conn.ddb_read_units + scheduled_reads, p.ddb_read_unit),
         LineItem("DynamoDB", f"storage ({scenario.retained_months} months of turns)", stored_gb,
                  p.ddb_storage_gb_month),
         LineItem("DynamoDB", "point-in-time recovery", stored_gb, p.ddb_pitr_gb_month),

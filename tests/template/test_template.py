@@ -36,11 +36,14 @@ FUNCTIONS: dict[str, str] = {
     "HttpApiFunction": "http_api",
     "ChatStreamFunction": "chat_stream",
     "UsageExportFunction": "usage_export",
+    "TurnSweepFunction": "turn_sweep",
 }
 #: Functions that run turns (and wait on the LLM): up to 15 minutes.
 TURN_RUNNERS = ("ChatTurnFunction", "ChatStreamFunction")
-#: Scheduled batch work (reads a month of usage records): minutes, not seconds.
-SCHEDULED = ("UsageExportFunction",)
+#: Scheduled work (the usage export reads a month of usage records: minutes, not seconds).
+SCHEDULED = ("UsageExportFunction", "TurnSweepFunction")
+#: The functions that start chat_turn: ws_default for a new message, the sweep for a queue nobody runs.
+CHAT_TURN_STARTERS = {"WsDefaultFunction", "TurnSweepFunction"}
 #: chat_stream is a web app run by the Lambda Web Adapter: a start script, not a handler module.
 WEB_ADAPTER = "ChatStreamFunction"
 #: Regions cfn-lint checks resource availability in (SnapStart, arm64, GLACIER_IR, ...).
@@ -398,7 +401,7 @@ def test_chat_turn_is_published_with_snapstart_and_not_retried() -> None:
         apply_on = _template()["Parameters"][apply_on["Ref"]]["Default"]
     assert apply_on == "PublishedVersions"
     assert chat["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
-    assert "Events" not in chat, "chat_turn is only invoked asynchronously by ws_default"
+    assert "Events" not in chat, "chat_turn is only invoked asynchronously (by ws_default and turn_sweep)"
 
 
 def test_environment_of_every_function() -> None:
@@ -413,9 +416,10 @@ def test_environment_of_every_function() -> None:
         assert _text(variables["AVM_WS_ENDPOINT"]) == (
             "https://${WebSocketApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}/${WebSocketStageName}")
         assert _text(variables["AVM_CONFIG_PATH"]) == "/agentvm/${AWS::StackName}/"
-        assert ("AVM_CHAT_TURN_FUNCTION" in variables) == (name == "WsDefaultFunction")
-    assert _function("WsDefaultFunction")["Environment"]["Variables"]["AVM_CHAT_TURN_FUNCTION"] == {
-        "Ref": "ChatTurnFunction.Alias"}
+        assert ("AVM_CHAT_TURN_FUNCTION" in variables) == (name in CHAT_TURN_STARTERS)
+    for name in CHAT_TURN_STARTERS:
+        assert _function(name)["Environment"]["Variables"]["AVM_CHAT_TURN_FUNCTION"] == {
+            "Ref": "ChatTurnFunction.Alias"}
     assert _template()["Parameters"]["StreamFlushMs"]["Default"] == 250
 
 
@@ -526,11 +530,12 @@ def test_manage_connections_is_scoped_to_this_websocket_api() -> None:
                 assert re.fullmatch(pattern, _text(resource)), f"{name}: {_text(resource)}"
 
 
-def test_only_ws_default_may_invoke_chat_turn() -> None:
+def test_only_ws_default_and_the_sweep_may_invoke_chat_turn() -> None:
     invokers = {name for name in FUNCTIONS if _allowed(name, "lambda:InvokeFunction")}
-    assert invokers == {"WsDefaultFunction"}
-    for statement in _allowed("WsDefaultFunction", "lambda:InvokeFunction"):
-        assert _as_list(statement["Resource"]) == [{"Ref": "ChatTurnFunction.Alias"}]
+    assert invokers == CHAT_TURN_STARTERS
+    for name in invokers:
+        for statement in _allowed(name, "lambda:InvokeFunction"):
+            assert _as_list(statement["Resource"]) == [{"Ref": "ChatTurnFunction.Alias"}]
     for name, permission in _resources("AWS::Lambda::Permission").items():
         target = _text(permission["Properties"]["FunctionName"])
         assert "ChatTurnFunction" not in target, f"{name} lets {permission['Properties']['Principal']} invoke chat_turn"
@@ -598,6 +603,18 @@ def test_the_usage_export_runs_daily_on_a_schedule_with_no_idle_cost() -> None:
     s3 = [st for st in _statements("UsageExportFunction") if _as_list(st["Action"])[0].startswith("s3:")]
     assert [(_as_list(st["Action"]), _text(st["Resource"])) for st in s3] == [
         (["s3:PutObject"], "${Bucket.Arn}/exports/*")]
+
+
+def test_the_turn_sweep_runs_on_a_schedule_and_only_reads_and_starts_chat_turn() -> None:
+    events = _function("TurnSweepFunction")["Events"]
+    assert list(events.values()) == [{"Type": "ScheduleV2", "Properties": {
+        "ScheduleExpression": {"Ref": "TurnSweepSchedule"}, "RetryPolicy": {"MaximumRetryAttempts": 0}}}]
+    parameter = _template()["Parameters"]["TurnSweepSchedule"]
+    assert parameter["Default"] == "rate(2 minutes)"
+    assert re.fullmatch(parameter["AllowedPattern"], "rate(1 minute)")
+    assert not re.fullmatch(parameter["AllowedPattern"], "every minute")
+    actions = {a for st in _statements("TurnSweepFunction") for a in _as_list(st["Action"])}
+    assert actions == {"dynamodb:Query", "dynamodb:BatchGetItem", "dynamodb:GetItem", "lambda:InvokeFunction"}
 
 
 def test_outputs() -> None:

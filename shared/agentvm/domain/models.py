@@ -207,9 +207,9 @@ class LeaseState:
     `queued`: turns waiting for `chat_turn`; `announce`: queued turns whose user message has not
     been published yet (they were queued while someone else held the lease); `pending_subs`:
     connections owed an `afterSeq` replay; `interrupts`: a counter of interrupt requests, and
-    `interrupts_seen` how far the holder has acted on them. `dead_runner` (from `acquire` only): a
-    turn runner that took the lease before and never released it: it died (its lease expired),
-    leaving the turn it was running unfinished."""
+    `interrupts_seen` how far the holder has acted on them. `dead_runner` (from `acquire`, and from
+    `poll` once the lease has expired): a turn runner that took the lease before and never released
+    it: it died (its lease expired), leaving the turn it was running unfinished."""
 
     first_seq: int = 0
     last_seq: int = 0

@@ -13,6 +13,7 @@ finished work and shows what was added meanwhile (release-then-recheck without a
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
@@ -126,8 +127,12 @@ class DynamoDBLeases:
         # acted on, and every decision that must be exact is a conditional write.
         resp = await self.store.client.get_item(
             TableName=self.store.table_name, Key=_key(_session_pk(tenant_id, session_id), "SESS"),
-            ProjectionExpression=_STATE, ConsistentRead=consistent)
-        return _state(resp.get("Item", {}), self._now_ms())
+            ProjectionExpression=f"{_STATE}, runner", ConsistentRead=consistent)
+        attrs, now = resp.get("Item", {}), self._now_ms()
+        state = _state(attrs, now)
+        if "runner" in attrs and not state.held:  # a runner's mark on an expired lease: it died
+            state = replace(state, dead_runner=attrs["runner"]["S"])
+        return state
 
     async def enqueue(self, tenant_id: str, session_id: str, turn_id: str, sender: str | None) -> None:
         await self._update(tenant_id, session_id, "ADD queued :t, announce :a",

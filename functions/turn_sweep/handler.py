@@ -1,0 +1,29 @@
+"""turn_sweep (EventBridge schedule, every 2 minutes by default): starts `chat_turn` for a session
+whose queued turns nobody runs (its runner died, or its dispatch was lost); see
+services/turn_sweep.py. Idle it reads the unfinished-turns index and nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from agentvm.cloud.observability import Count, observe
+from agentvm.cloud.runtime import run, runtime
+from agentvm.ids import now_ms
+from agentvm.services.turn_sweep import sweep
+
+obs = observe("turn_sweep")
+
+
+async def _sweep() -> dict[str, int]:
+    rt = await runtime().ready()
+    report = await sweep(rt.store, rt.leases, rt.dispatcher, now_ms=now_ms())
+    obs.metric("SweepDispatched", Count, report.dispatched)
+    if report.failed:
+        obs.metric("SweepDispatchFailed", Count, report.failed)
+    return dataclasses.asdict(report)
+
+
+@obs.handler
+def handler(event: dict[str, Any], context: Any) -> dict[str, int]:
+    return run(_sweep())
