@@ -169,7 +169,8 @@ async def test_the_tenants_turn_log_lists_finished_turns_newest_first_in_pages(s
                 TurnStatus.COMPLETED, TurnStatus.QUEUED]
     turns = [Turn("t1", f"turn{i}", "sess_i1", "i1", "c1", f"m{i}", st, 100 + i * 10, agent="code:chat_basic@1",
                   task=f"task {i}", options={"temperature": 0.5} if i == 0 else {}, started_at=100 + i * 10,
-                  ended_at=105 + i * 10, key_id="avmk_k1" if i == 0 else None)
+                  ended_at=105 + i * 10, key_id="avmk_k1" if i == 0 else None,
+                  first_token_ms=3 if i == 0 else None)
              for i, st in enumerate(statuses)]
     await store.commit(Checkpoint("t1", "sess_i1", turns=turns))
     await store.commit(Checkpoint("t2", "sess_i2", turns=[Turn("t2", "other", "sess_i2", "i2", "c1", "m",
@@ -178,9 +179,9 @@ async def test_the_tenants_turn_log_lists_finished_turns_newest_first_in_pages(s
     assert [t.turn_id for t in first] == ["turn4", "turn3"] and cursor is not None
     second, cursor2 = await store.list_tenant_turns("t1", limit=2, cursor=cursor)
     assert [t.turn_id for t in second] == ["turn1", "turn0"] and cursor2 is None
-    assert (second[1].agent, second[1].task, second[1].options, second[1].duration_ms, second[1].key_id) == (
-        "code:chat_basic@1", "task 0", {"temperature": 0.5}, 5, "avmk_k1")
-    assert second[0].key_id is None
+    assert (second[1].agent, second[1].task, second[1].options, second[1].duration_ms, second[1].key_id,
+            second[1].first_token_ms) == ("code:chat_basic@1", "task 0", {"temperature": 0.5}, 5, "avmk_k1", 3)
+    assert (second[0].key_id, second[0].first_token_ms) == (None, None)
     window, _ = await store.list_tenant_turns("t1", since_ms=110, until_ms=140)
     assert [t.turn_id for t in window] == ["turn3", "turn1"]
     assert [t.turn_id for t in (await store.list_tenant_turns("t2"))[0]] == ["other"]
@@ -235,7 +236,7 @@ async def test_sqlite_migrates_an_existing_database_in_place(tmp_path: Path) -> 
     finally:
         await s.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 9
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 10
 
 
 # ---- resources ---------------------------------------------------------------------------------

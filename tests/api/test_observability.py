@@ -179,6 +179,11 @@ async def test_real_turns_show_in_metrics_prometheus_and_logs(tmp_path: Path) ->
         assert got["tokens"]["cacheRead"] == 0
         assert got["latencyMs"]["turn"]["samples"] == 4
         assert got["latencyMs"]["firstToken"]["samples"] == 3  # the failed turn streamed no text
+        # each turn keeps it in the turn log (the cloud's /v1/metrics reads it there)
+        firsts = sorted(t["firstTokenMs"] for t in turns if t["firstTokenMs"] is not None)
+        assert len(firsts) == 3 and by_status["failed"]["firstTokenMs"] is None
+        assert all(0 <= f <= t["durationMs"] for t in turns for f in [t["firstTokenMs"]] if f is not None)
+        assert got["latencyMs"]["firstToken"]["p50"] == firsts[1]
         durations = sorted(t["durationMs"] for t in turns)
         assert got["latencyMs"]["turn"]["p50"] == durations[1] and got["latencyMs"]["turn"]["p95"] == durations[3]
         assert got["active"] == {"containers": 2, "connections": 1}
@@ -223,7 +228,7 @@ async def test_real_turns_show_in_metrics_prometheus_and_logs(tmp_path: Path) ->
                          "sessionId": b["sessionId"], "containerId": "c-obs-b", "imageId": b["imageId"],
                          "status": "failed", "errorCode": "rate_limit_error", "message": "Rate limit exceeded",
                          "model": failed["model"], "tier": "function", "durationMs": failed["durationMs"],
-                         "tokens": failed["usage"], "createdAt": failed["createdAt"]}
+                         "firstTokenMs": None, "tokens": failed["usage"], "createdAt": failed["createdAt"]}
         warn = (await http.get("/v1/logs", params={"level": "warning"})).json()["items"]
         assert [(e["status"], e["level"]) for e in warn] == [("interrupted", "warning"), ("failed", "error")]
         ok = [e for e in logs["items"] if e["status"] == "completed"]

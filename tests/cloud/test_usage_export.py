@@ -119,9 +119,12 @@ def test_the_http_api_reads_a_tenants_metrics_from_the_turn_log(cloud: cloud_run
         cloud_runtime.run(DynamoDBKeys(cloud.store).put_key(key))
     now = now_ms()
     turns = [Turn("acme", f"turn_{i}", "sess_1", "img_1", "cont_1", f"m{i}", status, now - 5_000 + i,
-                  usage=Usage(100 * (i + 1), 10), started_at=now - 5_000, ended_at=now - 5_000 + ms)
-             for i, (status, ms) in enumerate([(TurnStatus.COMPLETED, 1_000), (TurnStatus.COMPLETED, 2_000),
-                                               (TurnStatus.FAILED, 3_000), (TurnStatus.COMPLETED, 4_000)])]
+                  usage=Usage(100 * (i + 1), 10), started_at=now - 5_000, ended_at=now - 5_000 + ms,
+                  first_token_ms=first)
+             for i, (status, ms, first) in enumerate([
+                 (TurnStatus.COMPLETED, 1_000, 300), (TurnStatus.COMPLETED, 2_000, 100),
+                 (TurnStatus.FAILED, 3_000, None),  # no text streamed
+                 (TurnStatus.COMPLETED, 4_000, 900)])]
     cloud_runtime.run(cloud.store.commit(Checkpoint("acme", "sess_1", turns=turns)))
     api = load_handler("http_api")
 
@@ -134,7 +137,7 @@ def test_the_http_api_reads_a_tenants_metrics_from_the_turn_log(cloud: cloud_run
     assert got["turns"] == {"total": 4, "completed": 3, "failed": 1, "interrupted": 0}
     assert (got["successRate"], got["errorRate"]) == (0.75, 0.25)
     assert got["tokens"] == {"input": 1000, "output": 40, "cacheRead": 0, "cacheWrite": 0}
-    assert got["latencyMs"] == {"firstToken": {"p50": None, "p95": None, "samples": 0},
+    assert got["latencyMs"] == {"firstToken": {"p50": 300, "p95": 900, "samples": 3},
                                 "turn": {"p50": 2000, "p95": 4000, "samples": 4}}
     assert got["active"] == {"containers": None, "connections": None}  # CloudWatch's, not the turn log's
     assert metrics(other)["turns"] == {"total": 0, "completed": 0, "failed": 0, "interrupted": 0}

@@ -63,7 +63,8 @@ def log_entry(turn: Turn) -> JSON:
     return {"time": turn.ended_at or turn.started_at or turn.created_at, "level": log_level(turn),
             "turnId": w["turnId"], "sessionId": w["sessionId"], "containerId": w["containerId"],
             "imageId": w["imageId"], "status": w["status"], "errorCode": turn.error_code, "message": message,
-            "model": w["model"], "tier": w["tier"], "durationMs": w["durationMs"], "tokens": w["usage"],
+            "model": w["model"], "tier": w["tier"], "durationMs": w["durationMs"],
+            "firstTokenMs": w["firstTokenMs"], "tokens": w["usage"],
             "createdAt": w["createdAt"]}
 
 

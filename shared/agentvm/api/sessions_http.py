@@ -52,6 +52,7 @@ def turn_wire(turn: Turn) -> JSON:
             "containerId": turn.container_id, "userMessageId": turn.user_message_id,
             "agent": turn.agent, "task": turn.task, "options": turn.options,
             "status": str(turn.status), "tier": turn.tier, "model": turn.model, "durationMs": turn.duration_ms,
+            "firstTokenMs": turn.first_token_ms,
             "usage": {"inputTokens": u.input_tokens, "outputTokens": u.output_tokens,
                       "cacheReadTokens": u.cache_read_tokens, "cacheWriteTokens": u.cache_write_tokens},
             "listCost": turn.list_cost, "billedCost": turn.billed_cost,

@@ -152,6 +152,7 @@ class Turn:
     task: str | None = None
     options: JSON = field(default_factory=dict)
     key_id: str | None = None  # the API key that sent the user message (usage and key budgets)
+    first_token_ms: int | None = None  # from the start to the first text delta (None: no text streamed)
 
     @property
     def duration_ms(self) -> int | None:

@@ -438,14 +438,16 @@ class TurnRunner:
             "stopReason": msg.stop_reason, "status": str(turn.status), "timestamp": turn.ended_at})
         await self._checkpoint(turn)
         if self.observer is not None:
-            first = self._first_delta_at - turn.started_at if self._first_delta_at and turn.started_at else None
-            self.observer(turn, first)
+            self.observer(turn, turn.first_token_ms)
         log.info("turn finished", extra={
             "turn_id": turn.turn_id, "session_id": turn.session_id, "container_id": turn.container_id,
             "status": str(turn.status), "model": turn.model, "tier": turn.tier, "duration_ms": duration,
             "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens})
 
     async def _checkpoint(self, turn: Turn) -> None:
+        if turn.first_token_ms is None and self._first_delta_at and turn.started_at:
+            # (an escalated turn keeps the first tier's: its first delta came there)
+            turn.first_token_ms = max(0, self._first_delta_at - turn.started_at)
         events = self.channel.take_pending()
         cp = Checkpoint(turn.tenant_id, turn.session_id, messages=self._unsaved, events=events, turns=[turn])
         self._unsaved = []

@@ -212,11 +212,11 @@ async def turn_log_metrics(store: Store, tenant_id: str, window_minutes: int | N
                            now: int | None = None) -> TenantMetrics:
     """A tenant's metrics read from the store's turn log, where no process sees every turn (the
     cloud: each turn runs in some `chat_turn`): finished turns created in the window (`None`: the last 24 h),
-    at most `TURN_LOG_MAX_TURNS` of them. Turn latency comes from each turn's duration; first-token
-    latency and the active gauges are not kept there (CloudWatch has them, docs/observability.md)."""
+    at most `TURN_LOG_MAX_TURNS` of them. Latencies come from each turn's duration and first-token
+    time; the active gauges are not kept there (CloudWatch has them, docs/observability.md)."""
     end = now_ms() if now is None else now
     start = (end // 60_000 - window_minutes + 1) * 60_000 if window_minutes is not None else end - 86_400_000
-    counts, totals = Counts(), []
+    counts, totals, firsts = Counts(), [], []
     cursor: str | None = None
     seen = 0
     while seen < TURN_LOG_MAX_TURNS:
@@ -226,11 +226,15 @@ async def turn_log_metrics(store: Store, tenant_id: str, window_minutes: int | N
             counts.add(turn)
             if turn.duration_ms is not None:
                 totals.append(max(0, turn.duration_ms))
+            if turn.first_token_ms is not None:
+                firsts.append(max(0, turn.first_token_ms))
         seen += len(page)
         if cursor is None or not page:
             break
     totals.sort()
-    return TenantMetrics(tenant_id, window_minutes, start, end, counts, _latency([]), _latency(totals), None, None)
+    firsts.sort()
+    return TenantMetrics(tenant_id, window_minutes, start, end, counts, _latency(firsts), _latency(totals), None,
+                         None)
 
 
 class TurnMetrics:

@@ -8,7 +8,8 @@ message, the turn log and its usage) as one JSON document, and back into any con
  "session": {"title", "createdAt"},
  "messages": [{"messageId", "turnRef"?, "body"}],                # conversation order
  "turns": [{"turnRef", "userMessageId", "status", "tier", "model", "usage", "listCost",
-            "billedCost", "error", "createdAt", "startedAt", "endedAt", "agent", "task", "options"}],
+            "billedCost", "error", "createdAt", "startedAt", "endedAt", "agent", "task", "options",
+            "firstTokenMs"?}],                                   # optional: archives before it lack it
  "usage": {"inputTokens", "outputTokens", "cacheReadTokens", "cacheWriteTokens", "listCost", "billedCost"},
  "checksum": "sha256:<hex>"}
 ```
@@ -66,6 +67,7 @@ _SESSION = ("title", "createdAt")
 _MESSAGE = ("messageId", "turnRef", "body")
 _TURN = ("turnRef", "userMessageId", "status", "tier", "model", "usage", "listCost", "billedCost", "error",
          "createdAt", "startedAt", "endedAt", "agent", "task", "options")
+_TURN_OPTIONAL = ("firstTokenMs",)
 _TOTALS = (*_USAGE_TOKENS, "listCost", "billedCost")
 
 
@@ -154,11 +156,17 @@ def _str(value: Any, path: str, *, optional: bool = False, max_chars: int | None
     return value
 
 
+#: The largest integer an archive may hold (JSON's exact range; SQLite stores 64-bit integers).
+MAX_ARCHIVE_INT = 2**53 - 1
+
+
 def _int(value: Any, path: str, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _bad(path, "must be a non-negative integer" + (" or null" if optional else ""))
+    if value > MAX_ARCHIVE_INT:
+        raise _bad(path, f"must be at most {MAX_ARCHIVE_INT}")
     return value
 
 
@@ -296,7 +304,7 @@ def _check_turns(value: Any) -> list[tuple[str, Turn]]:
     refs: set[str] = set()
     for i, raw in enumerate(value):
         at = f"turns[{i}]"
-        t = _fields(raw, at, _TURN, _TURN)
+        t = _fields(raw, at, _TURN + _TURN_OPTIONAL, _TURN)
         ref = _str(t["turnRef"], f"{at}.turnRef", non_empty=True, max_chars=MAX_ID_CHARS) or ""
         if ref in refs:
             raise _bad(f"{at}.turnRef", f"{ref} names two turns")
@@ -325,7 +333,8 @@ def _check_turns(value: Any) -> list[tuple[str, Turn]]:
             started_at=_int(t["startedAt"], f"{at}.startedAt", optional=True),
             ended_at=_int(t["endedAt"], f"{at}.endedAt", optional=True),
             agent=_str(t["agent"], f"{at}.agent", optional=True), task=_str(t["task"], f"{at}.task", optional=True),
-            options=dict(t["options"]))))
+            options=dict(t["options"]),
+            first_token_ms=_int(t.get("firstTokenMs"), f"{at}.firstTokenMs", optional=True))))
     return turns
 
 
@@ -380,7 +389,7 @@ def _turn_entry(turn: Turn, ref: str) -> JSON:
             "model": turn.model, "usage": turn.usage.to_wire(), "listCost": turn.list_cost,
             "billedCost": turn.billed_cost, "error": error, "createdAt": turn.created_at,
             "startedAt": turn.started_at, "endedAt": turn.ended_at, "agent": turn.agent, "task": turn.task,
-            "options": dict(turn.options)}
+            "options": dict(turn.options), "firstTokenMs": turn.first_token_ms}
 
 
 class SessionArchive:

@@ -1482,7 +1482,7 @@ def _turn_item(t: Turn) -> Item:
     }
     for name, value in (("model", t.model), ("error_code", t.error_code), ("error_message", t.error_message),
                         ("started_at", t.started_at), ("ended_at", t.ended_at), ("agent", t.agent),
-                        ("task", t.task), ("key_id", t.key_id)):
+                        ("task", t.task), ("key_id", t.key_id), ("first_token_ms", t.first_token_ms)):
         _put_opt(item, name, value)
     if t.options:
         item["options"] = _s(orjson.dumps(t.options).decode())
@@ -1506,7 +1506,8 @@ def _turn(i: Mapping[str, Any]) -> Turn:
         list_cost=i["list_cost"]["S"], billed_cost=i["billed_cost"]["S"], error_code=_opt_s(i, "error_code"),
         error_message=_opt_s(i, "error_message"), started_at=_opt_int(i, "started_at"),
         ended_at=_opt_int(i, "ended_at"), agent=_opt_s(i, "agent"), task=_opt_s(i, "task"),
-        options=orjson.loads(i["options"]["S"]) if "options" in i else {}, key_id=_opt_s(i, "key_id"))
+        options=orjson.loads(i["options"]["S"]) if "options" in i else {}, key_id=_opt_s(i, "key_id"),
+        first_token_ms=_opt_int(i, "first_token_ms"))
 
 
 # ---- resources -------------------------------------------------------------------------------

@@ -256,4 +256,8 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (tenant_id, turn_id)
     ) WITHOUT ROWID;
     """,
+    # 10: the turn log keeps each turn's first-token latency (the cloud's /v1/metrics reads it there)
+    """
+    ALTER TABLE turns ADD COLUMN first_token_ms INTEGER;
+    """,
 ]

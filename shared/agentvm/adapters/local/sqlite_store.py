@@ -379,13 +379,13 @@ class SqliteStore:
                     "INSERT OR REPLACE INTO turns (tenant_id, turn_id, session_id, image_id, container_id, "
                     "user_message_id, status, tier, model, input_tokens, output_tokens, cache_read_tokens, "
                     "cache_write_tokens, list_cost, billed_cost, error_code, error_message, created_at, "
-                    "started_at, ended_at, agent, task, options, key_id) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "started_at, ended_at, agent, task, options, key_id, first_token_ms) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (t.tenant_id, t.turn_id, t.session_id, t.image_id, t.container_id, t.user_message_id,
                      str(t.status), t.tier, t.model, t.usage.input_tokens, t.usage.output_tokens,
                      t.usage.cache_read_tokens, t.usage.cache_write_tokens, t.list_cost, t.billed_cost,
                      t.error_code, t.error_message, t.created_at, t.started_at, t.ended_at, t.agent, t.task,
-                     orjson.dumps(t.options).decode() if t.options else None, t.key_id))
+                     orjson.dumps(t.options).decode() if t.options else None, t.key_id, t.first_token_ms))
             if checkpoint.messages:
                 latest = max(int(m.body.get("timestamp", 0)) for m in checkpoint.messages)
                 c.execute("UPDATE sessions SET updated_at=MAX(updated_at, ?) WHERE tenant_id=? AND session_id=?",
@@ -610,7 +610,8 @@ _IMAGE_COLS = ("tenant_id, image_id, container_id, session_id, name, created_at,
 _AGENT_COLS = "tenant_id, agent_id, image_id, container_id, name, created_at"
 _TURN_COLS = ("tenant_id, turn_id, session_id, image_id, container_id, user_message_id, status, created_at, "
               "tier, model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, list_cost, "
-              "billed_cost, error_code, error_message, started_at, ended_at, agent, task, options, key_id")
+              "billed_cost, error_code, error_message, started_at, ended_at, agent, task, options, key_id, "
+              "first_token_ms")
 
 _RESOURCE_COLS = ("r.tenant_id, r.resource_id, r.kind, r.name, v.version, v.version_key, v.content, v.content_hash, "
                   "v.dependencies, v.description, v.tags, r.published, v.created_at")
@@ -632,7 +633,7 @@ def _turn(r: tuple[Any, ...]) -> Turn:
         user_message_id=r[5], status=TurnStatus(r[6]), created_at=r[7], tier=r[8], model=r[9],
         usage=Usage(r[10], r[11], r[12], r[13]), list_cost=r[14], billed_cost=r[15], error_code=r[16],
         error_message=r[17], started_at=r[18], ended_at=r[19], agent=r[20], task=r[21],
-        options=orjson.loads(r[22]) if r[22] else {}, key_id=r[23])
+        options=orjson.loads(r[22]) if r[22] else {}, key_id=r[23], first_token_ms=r[24])
 
 
 def _insert_version(c: sqlite3.Connection, v: ResourceVersion) -> None:
