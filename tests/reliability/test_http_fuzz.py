@@ -1,10 +1,11 @@
 """HTTP fuzzing (the reliability issue): schemathesis generates requests from `avm serve`'s OpenAPI
 document, valid ones and invalid ones, for every operation, and sends them to the ASGI app in-process
-(open local mode, no keys; the scripted driver): no response is a 5xx, every status is one the
-operation declares (the error statuses are declared centrally: agentvm/api/http_app.py), its
-content type is a declared one, and its body matches the schema declared for that status (an SSE
-stream: each event). Each operation is also fuzzed with ids that exist (an image, its session with a
-finished turn, a resource, a key), to reach past the 404s.
+(the scripted driver), twice: in open local mode (no keys), and with keys required, every request
+carrying a key with the admin and operator scopes (together they reach every route): no response
+is a 5xx, every status is one the operation declares (the error statuses are declared centrally:
+agentvm/api/http_app.py), its content type is a declared one, and its body matches the schema
+declared for that status (an SSE stream: each event). Each operation is also fuzzed with ids that
+exist (an image, its session with a finished turn, a resource, a key), to reach past the 404s.
 
 Nothing is excluded: the SSE endpoints stream turns of the scripted driver, which end at once, and a
 stream that would not end is cut by the request timeout. Not the pytest integration of schemathesis
@@ -15,11 +16,13 @@ Deterministic; FUZZ_SCALE=<n> multiplies the examples per operation (20 in `make
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from agentvm.adapters.local.sqlite_keys import SqliteKeys
+from agentvm.adapters.local.sqlite_store import SqliteStore
+from agentvm.auth.api_keys import new_key
 from agentvm.config import Settings
 from agentvm.drivers.scripted import ScriptedDriver
 from avm.app import build_runtime
@@ -47,21 +53,44 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 REQUEST_TIMEOUT_S = 10.0
 
 
-@pytest.fixture(scope="module")
-def app_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[schemathesis.BaseSchema]:
-    data_dir: Path = tmp_path_factory.mktemp("http-fuzz") / "d"
-    rt = build_runtime(Settings(data_dir=data_dir, auth="open"), driver=ScriptedDriver())
+@dataclass(frozen=True)
+class Target:
+    schema: schemathesis.BaseSchema
+    headers: dict[str, str]  # on every request
+
+
+async def _operator_token(data_dir: Path) -> str:
+    """An admin and operator key in the database, written before the server starts (as `avm keys create`)."""
+    store = SqliteStore(data_dir / "agentvm.db")
+    await store.open()
+    try:
+        key, token = new_key("fuzz-tenant", ("admin", "operator"), name="fuzz")
+        await SqliteKeys(store).put_key(key)
+    finally:
+        await store.close()
+    return token
+
+
+@pytest.fixture(scope="module", params=["open", "keys"])
+def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    data_dir: Path = tmp_path_factory.mktemp(f"http-fuzz-{request.param}") / "d"
+    headers = {}
+    if request.param == "keys":
+        data_dir.mkdir(parents=True)
+        headers = {"Authorization": f"Bearer {asyncio.run(_operator_token(data_dir))}"}
+    rt = build_runtime(Settings(data_dir=data_dir, auth=request.param), driver=ScriptedDriver())
     schema = schemathesis.openapi.from_asgi("/openapi.json", rt.app)  # starts the app's lifespan
     try:
-        yield schema
+        yield Target(schema, headers)
     finally:
         asgi.shutdown_lifespans()
 
 
-def seed(app: object) -> dict[str, str]:
+def seed(app: object, headers: dict[str, str]) -> dict[str, str]:
     """Objects that exist (an image with its session and a finished turn, a resource, a key), by the
     names of the parameters that take their ids."""
     with asgi.get_client(app) as http:
+        http.headers.update(headers)
         image = http.post("/v1/images", json={"containerId": "fuzz"}).json()
         resource = http.post("/v1/resources", json={"kind": "prompt", "name": f"fuzz-{next(SEEDS)}",
                                                     "version": "1.0.0", "content": {"text": "hi"}}).json()
@@ -79,12 +108,13 @@ FUZZ = settings(max_examples=20 * SCALE, derandomize=True, deadline=None, databa
                 suppress_health_check=list(HealthCheck))
 
 
-def test_no_server_error_and_every_response_as_declared(app_schema: schemathesis.BaseSchema) -> None:
+def test_no_server_error_and_every_response_as_declared(target: Target) -> None:
     failures: list[str] = []
     tried = 0
-    for result in app_schema.get_all_operations():
+    for result in target.schema.get_all_operations():
         operation = result.ok()
-        known = seed(app_schema.app)  # afresh for each operation: an earlier one may have deleted them
+        known = seed(target.schema.app, target.headers)  # afresh for each operation: an earlier one may have
+        # deleted them
         names = re.findall(r"{(\w+)}", operation.path)
         fixed = {name: known[name] for name in names if name in known}
         query = {name: known[name] for name in QUERY_SEEDED.get(operation.label, ())}
@@ -97,7 +127,7 @@ def test_no_server_error_and_every_response_as_declared(app_schema: schemathesis
         @FUZZ
         @given(case=strategy)
         def fuzz(case: schemathesis.Case) -> None:
-            case.call_and_validate(checks=CHECKS, timeout=REQUEST_TIMEOUT_S)
+            case.call_and_validate(checks=CHECKS, timeout=REQUEST_TIMEOUT_S, headers=target.headers)
 
         try:
             fuzz()
@@ -124,11 +154,11 @@ CURSOR = base64.urlsafe_b64encode(f"{HUGE}#turn_x".encode()).decode().rstrip("="
     ("/v1/usage?period=9999-12", {}, "period"),
     ("/v1/usage/export?period=9999-12-31", {}, "period"),
 ])
-def test_what_the_fuzzing_found_is_refused_not_a_crash(app_schema: schemathesis.BaseSchema, path: str,
-                                                       headers: dict[str, str], field: str) -> None:
+def test_what_the_fuzzing_found_is_refused_not_a_crash(target: Target, path: str, headers: dict[str, str],
+                                                       field: str) -> None:
     """Each was a 500 (an integer past SQLite's 64 bits; a year past 9999), or a 200 whose stream broke
     off (a resumed SSE turn, an export)."""
-    with asgi.get_client(app_schema.app) as http:
-        got = http.get(path, headers=headers)
+    with asgi.get_client(target.schema.app) as http:
+        got = http.get(path, headers={**target.headers, **headers})
     assert got.status_code == 400, got.text
     assert got.json()["error"]["field"] == field, got.text
