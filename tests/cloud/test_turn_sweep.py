@@ -5,6 +5,7 @@ sessions whose lease is held, and turns younger than the grace, are left alone. 
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -142,8 +143,6 @@ def test_the_handler_reports_and_a_failed_dispatch_is_left_to_the_next_sweep(
 
 
 def _json(line: str) -> dict[str, Any]:
-    import json
-
     try:
         value = json.loads(line)
     except ValueError:
