@@ -99,6 +99,33 @@ def precheck_hold(key_id: str | None, amount: Decimal, tenant_cap: Decimal | Non
     return key_cap, "check"
 
 
+#: A ledger's counter changes: (key id, None for the tenant's own; period) -> (spent, reserved) change.
+CounterDeltas = dict[tuple[str | None, str], tuple[Decimal, Decimal]]
+
+
+def settle_deltas(record: UsageRecord, *, reserved: Decimal, reserved_period: str, key_held: bool) -> CounterDeltas:
+    """What a ledger's `settle` changes: the hold leaves `reserved_period`, the billed cost joins the
+    record's own period; for the tenant (key None) and (hold: when `key_held`; cost: when the record has
+    a key) its key. One entry per counter: a DynamoDB transaction may name an item only once."""
+    zero = Decimal(0)
+    deltas: CounterDeltas = {}
+
+    def add(kid: str | None, period: str, spent: Decimal, held: Decimal) -> None:
+        s, r = deltas.get((kid, period), (zero, zero))
+        deltas[(kid, period)] = (s + spent, r + held)
+
+    key = record.key_id
+    if reserved != 0:
+        add(None, reserved_period, zero, -reserved)
+        if key_held and key is not None:
+            add(key, reserved_period, zero, -reserved)
+    if record.billed_cost != 0:
+        add(None, record.period, record.billed_cost, zero)
+        if key is not None:
+            add(key, record.period, record.billed_cost, zero)
+    return deltas
+
+
 MODEL_FAMILIES = ("opus", "sonnet", "haiku")
 
 

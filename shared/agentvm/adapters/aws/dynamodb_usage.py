@@ -85,7 +85,7 @@ from agentvm.adapters.aws.dynamodb_store import (
     _ts,
 )
 from agentvm.domain.models import Usage
-from agentvm.domain.usage import Budget, Spend, UsageRecord, precheck_hold
+from agentvm.domain.usage import Budget, Spend, UsageRecord, precheck_hold, settle_deltas
 
 _RECORD_SK: Final = "REC"
 _TENANT_BUDGET_SK: Final = "TENANT"
@@ -144,7 +144,7 @@ class DynamoDBUsageLedger:
         put: Item = {"Put": {"Item": _record_item(record), "ConditionExpression": "attribute_not_exists(PK)"}}
         held = reserved
         while True:
-            deltas = _settle_deltas(record, reserved=held, reserved_period=reserved_period, key_held=key_held)
+            deltas = settle_deltas(record, reserved=held, reserved_period=reserved_period, key_held=key_held)
             ops = [put, *(_change(_spend_key(record.tenant_id, kid, period), spent, change,
                                   record.turn_id if change else None)
                           for (kid, period), (spent, change) in deltas.items())]
@@ -329,31 +329,6 @@ def _change(key: Item, spent: Decimal, held: Decimal, released_turn: str | None 
         update["ConditionExpression"] = "attribute_exists(#h)"
         update["ExpressionAttributeNames"] = {"#h": _hold_attribute(released_turn)}
     return {"Update": update}
-
-
-_Deltas = dict[tuple[str | None, str], tuple[Decimal, Decimal]]  # (key id, period) -> (spent, reserved) change
-
-
-def _settle_deltas(record: UsageRecord, *, reserved: Decimal, reserved_period: str, key_held: bool) -> _Deltas:
-    """What `settle` changes: the hold leaves `reserved_period`, the billed cost joins the record's own
-    period; for the tenant (key None) and (hold: when `key_held`; cost: when the record has a key) its
-    key. One entry per counter item: a transaction may name an item only once."""
-    deltas: _Deltas = {}
-
-    def add(kid: str | None, period: str, spent: Decimal, held: Decimal) -> None:
-        s, r = deltas.get((kid, period), (_ZERO, _ZERO))
-        deltas[(kid, period)] = (s + spent, r + held)
-
-    key = record.key_id
-    if reserved != 0:
-        add(None, reserved_period, _ZERO, -reserved)
-        if key_held and key is not None:
-            add(key, reserved_period, _ZERO, -reserved)
-    if record.billed_cost != 0:
-        add(None, record.period, record.billed_cost, _ZERO)
-        if key is not None:
-            add(key, record.period, record.billed_cost, _ZERO)
-    return deltas
 
 
 def _tenant_list(tenant_id: str) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.domain.models import Usage
-from agentvm.domain.usage import Budget, Spend, UsageRecord, precheck_hold
+from agentvm.domain.usage import Budget, CounterDeltas, Spend, UsageRecord, precheck_hold, settle_deltas
 
 _RECORD_COLS = ("tenant_id, record_id, key_id, container_id, image_id, session_id, turn_id, kind, provider, "
                 "model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, sandbox_ms, "
@@ -91,8 +91,8 @@ class SqliteUsageLedger:
             if cur.rowcount != 1:
                 return False
             held = reserved if reserved and _drop_hold(c, record.tenant_id, record.turn_id) else _ZERO
-            _apply(c, record.tenant_id, _settle_deltas(record, reserved=held, reserved_period=reserved_period,
-                                                       key_held=key_held))
+            _apply(c, record.tenant_id, settle_deltas(record, reserved=held, reserved_period=reserved_period,
+                                                      key_held=key_held))
             return True
         return await self.store.run(job)
 
@@ -100,7 +100,7 @@ class SqliteUsageLedger:
                       turn_id: str, key_held: bool) -> None:
         if amount == 0:
             return
-        deltas = {("", period): (_ZERO, -amount)}
+        deltas: CounterDeltas = {(None, period): (_ZERO, -amount)}
         if key_held and key_id is not None:
             deltas[(key_id, period)] = (_ZERO, -amount)
 
@@ -118,7 +118,7 @@ class SqliteUsageLedger:
                 return _ZERO
             held_key, period, amount = row[0], row[1], Decimal(row[2])
             _drop_hold(c, tenant_id, turn_id)
-            deltas = {("", period): (_ZERO, -amount)}
+            deltas: CounterDeltas = {(None, period): (_ZERO, -amount)}
             if held_key:
                 deltas[(held_key, period)] = (_ZERO, -amount)
             _apply(c, tenant_id, deltas)
@@ -192,34 +192,10 @@ class SqliteUsageLedger:
 
 # ---- helpers -----------------------------------------------------------------------------------
 
-_Deltas = dict[tuple[str, str], tuple[Decimal, Decimal]]  # (key id or '', period) -> (spent, reserved) change
-
-
-def _settle_deltas(record: UsageRecord, *, reserved: Decimal, reserved_period: str, key_held: bool) -> _Deltas:
-    """What `settle` changes: the hold leaves `reserved_period`, the billed cost joins the record's
-    own period; for the tenant and (hold: when `key_held`; cost: when the record has a key) its key."""
-    deltas: _Deltas = {}
-
-    def add(kid: str, period: str, spent: Decimal, held: Decimal) -> None:
-        s, r = deltas.get((kid, period), (_ZERO, _ZERO))
-        deltas[(kid, period)] = (s + spent, r + held)
-
-    key = record.key_id
-    if reserved != 0:
-        add("", reserved_period, _ZERO, -reserved)
-        if key_held and key is not None:
-            add(key, reserved_period, _ZERO, -reserved)
-    if record.billed_cost != 0:
-        add("", record.period, record.billed_cost, _ZERO)
-        if key is not None:
-            add(key, record.period, record.billed_cost, _ZERO)
-    return deltas
-
-
-def _apply(c: sqlite3.Connection, tenant_id: str, deltas: _Deltas) -> None:
-    for (kid, period), (spent, held) in deltas.items():
-        cur = _spend(c, tenant_id, kid, period)
-        _put_spend(c, tenant_id, kid, period, Spend(cur.spent + spent, cur.reserved + held))
+def _apply(c: sqlite3.Connection, tenant_id: str, deltas: CounterDeltas) -> None:
+    for (key_id, period), (spent, held) in deltas.items():
+        cur = _spend(c, tenant_id, _kid(key_id), period)
+        _put_spend(c, tenant_id, _kid(key_id), period, Spend(cur.spent + spent, cur.reserved + held))
 
 
 def _drop_hold(c: sqlite3.Connection, tenant_id: str, turn_id: str) -> bool:
