@@ -126,7 +126,8 @@ clean-focus:
 
 # --- bubblewrap (the tool sandbox: agentvm/adapters/local/local_process.py) ----------------------
 # Best effort, like sam-cli: `make test` still runs (tests/sandbox then skips the bubblewrap checks
-# with the reason). Installs only as root with apt; `avm serve` works without it (with a warning).
+# with the reason). Installs only as root with apt; without it `avm serve` refuses sandbox tools unless it runs
+# as root (docs/security.md).
 .PHONY: bubblewrap
 
 bubblewrap:

@@ -30,13 +30,31 @@ class _OneAtATime:
     lose updates, which would make the concurrency tests test moto instead of the store.
     """
 
+    #: Callables that see each request's WSGI environ before moto does (tests that check who signed what).
+    listeners: list[Callable[[dict[str, Any]], None]] = []
+
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
         self._app = app
         self._lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         with self._lock:
+            for listener in list(self.listeners):
+                listener(environ)
             return list(self._app(environ, start_response))
+
+
+def signed_by(environ: dict[str, Any]) -> tuple[str, str] | None:
+    """(access key id, service) from a request's SigV4 Authorization header or presigned query."""
+    import re
+    from urllib.parse import parse_qs
+
+    auth = environ.get("HTTP_AUTHORIZATION", "")
+    m = re.search(r"Credential=([^/,\s]+)/[^/]+/[^/]+/([^/]+)/", auth)
+    if m is None:
+        cred = parse_qs(environ.get("QUERY_STRING", "")).get("X-Amz-Credential", [""])[0]
+        m = re.match(r"([^/]+)/[^/]+/[^/]+/([^/]+)/", cred)
+    return (m.group(1), m.group(2)) if m else None
 
 
 def exact_moto_numbers() -> None:

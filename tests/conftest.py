@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sys
 import tempfile
@@ -25,3 +26,17 @@ def traversable_dir() -> Iterator[Path]:
     path.chmod(0o711)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the test (which sets up logging)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+        h.close()
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(level)

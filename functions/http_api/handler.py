@@ -9,7 +9,7 @@ from mangum import Mangum
 from starlette.requests import Request
 
 from agentvm.api.http_app import HttpApi, create_app
-from agentvm.auth.api_keys import extract_token, require_operator
+from agentvm.auth.api_keys import http_token, require_operator
 from agentvm.cloud.observability import Count, observe, status_class
 from agentvm.cloud.runtime import loop, runtime
 from agentvm.domain.models import Principal
@@ -24,19 +24,19 @@ obs = observe("http_api")
 async def _principal(request: Request) -> Principal:
     rt = await runtime().ready()
     # the header only: a key in a URL ends up in access logs
-    return await rt.authenticator.authenticate(extract_token(request.headers, None))
+    return await rt.authenticator.authenticate(http_token(request.headers))
 
 
 async def _admin(request: Request) -> Principal:
     rt = await runtime().ready()
-    key = await rt.authenticator.authenticate_key(extract_token(request.headers, None))
+    key = await rt.authenticator.authenticate_key(http_token(request.headers))
     require_operator(key)
     return Principal(key.tenant_id, key.key_id)
 
 
 async def _key_caller(request: Request) -> Caller:
     rt = await runtime().ready()
-    key = await rt.authenticator.authenticate_key(extract_token(request.headers, None))
+    key = await rt.authenticator.authenticate_key(http_token(request.headers))
     return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
 
 

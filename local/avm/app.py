@@ -7,7 +7,7 @@ import contextlib
 import functools
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import uvicorn
@@ -20,16 +20,17 @@ from agentvm.adapters.local.hub_feed import HubFeeds
 from agentvm.adapters.local.local_container_tier import LocalContainerTier
 from agentvm.adapters.local.local_disk import LocalDisk
 from agentvm.adapters.local.local_env import EnvLLMProvider, ProcessEnv
-from agentvm.adapters.local.local_process import LocalProcessRunner, reap_dead_tools
+from agentvm.adapters.local.local_process import LocalProcessRunner, probe_host, reap_dead_tools
 from agentvm.adapters.local.sqlite_config import SqliteConfigStore
 from agentvm.adapters.local.sqlite_keys import SqliteKeys
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
+from agentvm.adapters.local.tool_sandbox import ToolSandbox, assess
 from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
 from agentvm.adapters.local.ws_hub import LocalHub
 from agentvm.api.http_app import HttpApi, create_app
 from agentvm.api.ws_router import CommandRouter
-from agentvm.auth.api_keys import ApiKey, Authenticator, extract_token, require_operator
+from agentvm.auth.api_keys import ApiKey, Authenticator, extract_token, http_token, require_operator
 from agentvm.config import Settings
 from agentvm.domain.models import DEFAULT_TENANT, Principal
 from agentvm.drivers.scripted import ScriptedDriver
@@ -37,6 +38,7 @@ from agentvm.engine.runner import EngineOptions
 from agentvm.ids import now_ms
 from agentvm.ports import Driver
 from agentvm.sandbox.limits import Limits
+from agentvm.sandbox.quota import DiskPolicy, free_space
 from agentvm.sandbox.uids import ToolUids
 from agentvm.services.billing import BillingService
 from agentvm.services.bundle import Services
@@ -104,9 +106,13 @@ class Runtime:
     container_tier: LocalContainerTier
     mcp: McpPool
     config: ConfigService
+    tool_sandbox: ToolSandbox | None = None  # what tools get on this host (None: not assessed)
 
 
-def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtime:
+def build_runtime(settings: Settings, *, driver: Driver | None = None,
+                  free_bytes: Callable[[], int] | None = None) -> Runtime:
+    """`avm serve` wired together. `free_bytes`: how the free space of the data directory's filesystem
+    is read (default: statvfs; tests give a nearly full disk)."""
     store = SqliteStore(settings.database_path())
     hub = LocalHub()
     drv = driver or build_driver(settings)
@@ -114,24 +120,32 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
     options = EngineOptions(default_model=default_model, max_tokens=settings.llm_max_tokens,
                             flush_ms=settings.stream_flush_ms, max_flush_ms=settings.stream_max_flush_ms,
                             max_iterations=settings.max_tool_iterations)
-    process_for = functools.partial(LocalProcessRunner, isolation=settings.sandbox_isolation)
+    # fail closed: no isolating sandbox here and no unsafe opt-in → sandbox tools are refused
+    tool_sandbox = assess(probe_host(), settings.sandbox_isolation, unsafe=settings.unsafe_unsandboxed_tools)
+    # tools' disk: a quota per workspace, and free space kept for the database (sandbox/quota.py)
+    disk = DiskPolicy(settings.workspace_quota_bytes, settings.disk_reserve_bytes,
+                      free_bytes or free_space(settings.data_dir))
+    process_for = functools.partial(LocalProcessRunner, isolation=settings.sandbox_isolation,
+                                     unsafe_unsandboxed=settings.unsafe_unsandboxed_tools, disk=disk)
     mcp, stdio = McpPool(idle_s=settings.mcp_idle_s, call_timeout_s=settings.tool_timeout_s), StdioSchemas()
     sandbox = LocalContainerTier(WorkspaceTools(LocalDisk(settings.data_dir), process_for,
                                                 uids=ToolUids(settings.data_dir / "tool-uids.json"),
                                                 limits=Limits(timeout_s=settings.tool_timeout_s),
                                                 preview_bytes=settings.tool_preview_bytes, mcp=mcp, stdio=stdio,
-                                                store=store, http_allow_private=settings.http_tools_allow_private))
+                                                store=store, http_allow_private=settings.http_tools_allow_private,
+                                                disk_policy=disk))
     config = from_settings(settings, SqliteConfigStore(store), ProcessEnv(),
                            file=settings.config_file or settings.data_dir / "config.yaml")
     # turn metrics (docs/observability.md); `sessions` is built below, before anything reads the gauge
     metrics = TurnMetrics(connections=hub.per_tenant, containers=lambda: sessions.active_containers())
     ledger = SqliteUsageLedger(store)
-    meter = Meter(ledger, budget_cache_s=5.0)
+    meter = Meter(ledger, budget_cache_s=5.0, on_overrun=metrics.observe_budget_overrun)
     deps = Deps(store=store, fanout=hub, driver=drv, options=options,
                 tools=ToolCatalog(pool=mcp, stdio=stdio, store=store,
                                   http_allow_private=settings.http_tools_allow_private),
                 container_tier=sandbox, sandbox_tools=sandbox,
-                turn_options=config, turn_observer=metrics.observe_turn, meter=meter)
+                turn_options=config, turn_observer=metrics.observe_turn, meter=meter,
+                sandbox_refusal=lambda: tool_sandbox.refusal)
     sessions = SessionRegistry(deps)
     services = Services(deps, sessions)
     router = CommandRouter(services, hub)
@@ -174,7 +188,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
 
     async def http_key(request: Request) -> ApiKey | None:
         # the header only: a key in a URL ends up in access logs
-        return await authenticator.authenticate_key(extract_token(request.headers, None)) if keyed else None
+        return await authenticator.authenticate_key(http_token(request.headers)) if keyed else None
 
     async def http_principal(request: Request) -> Principal:
         key = await http_key(request)
@@ -192,6 +206,10 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
             return Caller(DEFAULT_TENANT, admin=True)  # the open mode's operator
         return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
 
+    async def health_problems() -> list[str]:
+        disk_problem = disk.reserve_problem()  # tools that write are refused meanwhile
+        return [*(await store.problems()), *([f"disk: {disk_problem}"] if disk_problem else [])]
+
     key_service = KeyService(keys, authenticator)
     billing = BillingService(ledger, keys, meter)
 
@@ -201,12 +219,16 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None) -> Runtim
                                                      admin_for=http_admin, keys=lambda: key_service,
                                                      key_caller=key_caller, billing=lambda: billing,
                                                      services=lambda: services, chat=lambda: chat,
-                                                     probe=lambda: store.last_seq("health", "health"),
+                                                     probe=store.probe, health_problems=health_problems,
                                                      archive_max_bytes=settings.archive_max_bytes,
-                                                     metrics=lambda: metrics, turn_log=lambda: store))
+                                                     spool_dir=settings.data_dir,
+                                                     max_body_bytes=settings.http_max_body_bytes,
+                                                     metrics=lambda: metrics, turn_log=lambda: store,
+                                                     health_extra=tool_sandbox.health))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
-    runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config)
+    runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config,
+                      tool_sandbox=tool_sandbox)
     return runtime
 
 
@@ -239,6 +261,14 @@ def banner(rt: Runtime, port: int) -> None:
         llm = "scripted (offline; set LLM_API_KEY to use Anthropic)"
     else:
         llm = f"{rt.driver.name} ({s.llm_model})"
-    log.info(f"AgentVM {__version__} listening on ws://{s.host}:{port}/ws — LLM: {llm}",
+    sandbox = rt.tool_sandbox
+    tools = f" — tool sandbox: {sandbox.mode}" if sandbox is not None else ""
+    log.info(f"AgentVM {__version__} listening on ws://{s.host}:{port}/ws — LLM: {llm}{tools}",
              extra={"event": "startup", "version": __version__, "host": s.host, "port": port,
                     "data_dir": str(s.data_dir), "driver": rt.driver.name, "flush_ms": s.stream_flush_ms})
+    if sandbox is not None and sandbox.warning is not None:
+        log.warning(f"WARNING: {sandbox.warning}. Unset AVM_UNSAFE_UNSANDBOXED_TOOLS once bubblewrap is installed "
+                    "or the server runs as root.", extra={"event": "startup", "sandbox": sandbox.mode})
+    elif sandbox is not None and sandbox.refusal is not None:
+        log.warning(f"Images with sandbox tools are refused: {sandbox.refusal}",
+                    extra={"event": "startup", "sandbox": sandbox.mode})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import sys
 import time
@@ -27,6 +28,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e = add_action(actions, "export", help="write a session (image snapshot, messages, turns, usage) as JSON")
     e.add_argument("session_id", metavar="SESSION_ID")
     e.add_argument("--out", "-o", type=Path, help="the file to write (default: standard output)")
+    e.add_argument("--include-secrets", action="store_true",
+                   help="keep the image's secrets (MCP server env values, headers, URL tokens) in the archive, "
+                        "a file then readable by you only; without it they are written as <redacted>")
     i = add_action(actions, "import", help="restore an archive into a container (a new image and session)")
     i.add_argument("file", metavar="FILE", help="the archive ('-': standard input)")
     i.add_argument("--container", "-c", required=True, help="the container to restore into (created if needed)")
@@ -74,11 +78,13 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _write(path: Path, data: bytes) -> None:
-    """Whole or not at all: a temporary file next to it, renamed over it."""
+def _write(path: Path, data: bytes, *, private: bool = False) -> None:
+    """Whole or not at all: a temporary file next to it, renamed over it; `private`: mode 0600."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(data)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -93,13 +99,14 @@ async def run_sessions(args: argparse.Namespace) -> int:
     async with ManagementClient(args.url, token=args.token, timeout=300) as avm:
         try:
             if args.sessions_command == "export":
-                data = await avm.sessions.export_bytes(args.session_id, progress=bar)
+                data = await avm.sessions.export_bytes(args.session_id, include_secrets=args.include_secrets,
+                                                       progress=bar)
                 bar.close()
                 if args.out is None:
                     sys.stdout.buffer.write(data)
                     sys.stdout.flush()
                     return 0
-                await asyncio.to_thread(_write, args.out, data)
+                await asyncio.to_thread(functools.partial(_write, private=args.include_secrets), args.out, data)
                 print(f"wrote session {args.session_id} to {args.out} ({len(data)} bytes)")
                 return 0
             archive = await asyncio.to_thread(_read, args.file)

@@ -16,12 +16,16 @@ def _default_data_dir() -> Path:
 class Settings(BaseSettings):
     """Runtime settings. Environment variables use the `AVM_` prefix unless noted."""
 
-    model_config = SettingsConfigDict(env_prefix="AVM_", extra="ignore", populate_by_name=True)
+    # no NaN or ±Infinity in any float setting (every number also has an upper bound: docs/configuration.md)
+    model_config = SettingsConfigDict(env_prefix="AVM_", extra="ignore", populate_by_name=True, allow_inf_nan=False)
 
     host: str = Field("127.0.0.1", description="Address `avm serve` binds.")
     port: int = Field(8080, ge=0, le=65535, description="Port `avm serve` binds (0 picks a free one).")
     data_dir: Path = Field(default_factory=_default_data_dir,
                            description="Where the SQLite database and blob files live.")
+    db_check_s: float = Field(30.0, ge=0, le=3600, description=(
+        "Time limit of the database integrity check (PRAGMA quick_check) `avm serve` runs before it "
+        "listens; past it the server starts with a warning. 0 skips the check."))
 
     llm_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("LLM_API_KEY", "AVM_LLM_API_KEY", "ANTHROPIC_API_KEY"),
@@ -29,7 +33,7 @@ class Settings(BaseSettings):
     llm_base_url: str | None = Field(None, description="Override of the Anthropic API base URL.")
     llm_model: str = Field("claude-sonnet-4-6", description="Model for images that do not name one.")
     llm_max_tokens: int = Field(4096, ge=1, le=200_000, description="max_tokens for each LLM call.")
-    llm_timeout_s: float = Field(600.0, gt=0, description="Timeout of one LLM call.")
+    llm_timeout_s: float = Field(600.0, gt=0, le=3600, description="Timeout of one LLM call.")
     llm_max_retries: int = Field(2, ge=0, le=10,
                                  description="Retries of retryable LLM errors before any output.")
     script_path: Path | None = Field(None, description="Script file for the scripted driver.")
@@ -40,31 +44,46 @@ class Settings(BaseSettings):
     stream_max_flush_ms: int = Field(0, ge=0, le=10_000, description=(
         "Upper bound of the coalescing window, which grows ×1.5 after each flush; 0 keeps it at "
         "stream_flush_ms. The cloud uses 1000 so that long replies cost few API Gateway frames."))
-    max_frame_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest accepted client frame.")
-    send_queue_max: int = Field(10_000, ge=16, description=(
+    max_frame_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024,
+                                 description="Largest accepted client frame.")
+    send_queue_max: int = Field(10_000, ge=16, le=1_000_000, description=(
         "Frames queued for one connection before it is closed as too slow."))
-    ping_interval_s: float = Field(30.0, gt=0, description="WebSocket ping interval.")
+    ping_interval_s: float = Field(30.0, gt=0, le=3600, description="WebSocket ping interval.")
     auth: Literal["auto", "keys", "open"] = Field("auto", description=(
         "Who may use `avm serve`: `keys` (an API key on every request and connection), `open` (no keys: "
         "loopback only), `auto` (open on a loopback address, keys on any other)."))
-    auth_timeout_s: float = Field(5.0, gt=0, description="Deadline for a first `auth` frame when required.")
-    event_retention_hours: int = Field(48, ge=24, description="How long the session event log is kept.")
-    max_tool_iterations: int = Field(25, ge=1, description="LLM calls allowed in one turn.")
+    auth_timeout_s: float = Field(5.0, gt=0, le=300, description="Deadline for a first `auth` frame when required.")
+    event_retention_hours: int = Field(48, ge=24, le=87_600, description="How long the session event log is kept.")
+    max_tool_iterations: int = Field(25, ge=1, le=1000, description="LLM calls allowed in one turn.")
     tool_timeout_s: float = Field(30.0, gt=0, le=3600, description=(
         "Run time limit of one tool call; then its whole process group is killed."))
     tool_preview_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20, description=(
         "Tool output given to the model; the rest is kept in the workspace's output/ with a note."))
     sandbox_isolation: Literal["auto", "bwrap", "none"] = Field("auto", description=(
         "Tool sandbox: bubblewrap when usable (auto), required (bwrap), or never (none: rlimits, a "
-        "scrubbed environment, path confinement and, as root, a uid per container)."))
+        "scrubbed environment, path confinement and, as root, a uid per container in its own network "
+        "namespace). Without bubblewrap and without root, tools are refused unless unsafe_unsandboxed_tools."))
+    workspace_quota_bytes: int = Field(1 << 30, ge=1 << 20, le=1 << 50, description=(
+        "Disk a container's workspace may use (bytes): write_file/edit_file past it are refused, a tool "
+        "call's writes fail past it and the call is killed; the result names the quota."))
+    disk_reserve_bytes: int = Field(512 << 20, ge=0, le=1 << 50, description=(
+        "Free space kept on the data directory's filesystem for the database (bytes): under it, tools that "
+        "write are refused and running calls killed, and /health says degraded. 0: not watched."))
+    unsafe_unsandboxed_tools: bool = Field(False, description=(
+        "UNSAFE opt-in: run tools on a host with no isolating sandbox (no bubblewrap, not root) as the "
+        "server's own user, able to read its keys, database and logs and call its API. Off: such a host "
+        "refuses images with sandbox tools."))
     config_file: Path | None = Field(None, description=(
         "The config center's file layer (default <data-dir>/config.yaml; docs/configuration.md)."))
     http_tools_allow_private: bool = Field(False, description=(
         "Let HTTP tools (tool resources of type http) call loopback, private and link-local addresses. "
         "Off: they reach public addresses only (no metadata endpoint, nothing next to the server)."))
-    mcp_idle_s: float = Field(300.0, gt=0, description="A container's MCP servers stop after this long unused.")
-    archive_max_bytes: int = Field(64 * 1024 * 1024, ge=1024, description=(
+    mcp_idle_s: float = Field(300.0, gt=0, le=86_400,
+                              description="A container's MCP servers stop after this long unused.")
+    archive_max_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1 << 36, description=(
         "Largest session archive `POST /v1/sessions/import` accepts (bytes); larger ones get a 413."))
+    http_max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1 << 30, description=(
+        "Largest body of any other HTTP request (bytes); larger ones get a 413, unread."))
     log_level: str = Field("INFO", description="Log level of the structured stderr log.")
     reliable_wrapper: bool = Field(True, description=(
         "Wrap frames as {__msgId, __payload} and accept ACKs. Off in the cloud: every ACK would be a billed "
@@ -85,8 +104,12 @@ class Settings(BaseSettings):
     ecs_endpoint_url: str | None = Field(None, description="Override of the ECS endpoint (tests).")
     worker_tenant_id: str | None = Field(None, description="The container task's tenant (set by RunTask).")
     worker_container_id: str | None = Field(None, description="The container task's container (set by RunTask).")
-    worker_idle_s: float = Field(90.0, gt=0, description="A container task exits after this long without work.")
-    worker_heartbeat_ttl_s: int = Field(60, ge=10, description="How long a container task's heartbeat holds.")
+    worker_idle_s: float = Field(90.0, gt=0, le=86_400,
+                                 description="A container task exits after this long without work.")
+    worker_heartbeat_ttl_s: int = Field(60, ge=10, le=3600, description="How long a container task's heartbeat holds.")
+    worker_tenant_role_arn: str | None = Field(None, description=(
+        "The role a container task assumes for its tenant (template.yaml: TenantWorkerRole); the worker "
+        "refuses to start without it (adapters/aws/tenant_scope.py)."))
     aws_endpoint_url: str | None = Field(None, description=(
         "Endpoint override for DynamoDB/S3/Lambda (moto or LocalStack in tests); unset in AWS."))
     lambda_endpoint_url: str | None = Field(None, description=(

@@ -50,6 +50,13 @@ class RateLimited(AgentVMError):
     http_status = 429
 
 
+class PayloadTooLarge(AgentVMError):
+    """A request body over the server's limit (refused before it is read whole)."""
+
+    code = "payload_too_large"
+    http_status = 413
+
+
 class NotConfigured(AgentVMError):
     """The deployment lacks a setting this request needs."""
 
@@ -61,6 +68,30 @@ class ContainerUnavailable(AgentVMError):
     """The container tier could not take a turn (not configured, or its task did not start)."""
 
     code = "container_unavailable"
+    http_status = 503
+
+
+class SandboxUnavailable(AgentVMError):
+    """No isolating tool sandbox on this host and no unsafe opt-in: tools that need one are refused
+    (agentvm/adapters/local/tool_sandbox.py)."""
+
+    code = "sandbox_unavailable"
+    http_status = 503
+
+
+class SecretsMissing(AgentVMError):
+    """The image was imported from a session archive exported without its secrets (the values hold
+    `<redacted>`): the tools that need them cannot run (domain/config_secrets.py)."""
+
+    code = "secrets_missing"
+    http_status = 409
+
+
+class StorageUnavailable(AgentVMError):
+    """The database cannot be read or written (a damaged page, an I/O error, a full disk): nothing
+    the caller did; the operator has to act (`/health` says what)."""
+
+    code = "storage_unavailable"
     http_status = 503
 
 

@@ -1,14 +1,22 @@
 """Structured JSON logging to stderr (and, for `avm serve`, a rotating file). Keys like turn_id and
-container_id go in `extra`. Secrets are redacted: extras named like one (`token`, `api_key`, `password`,
-`authorization`, `*_secret`, ...), and API-key or Anthropic-key tokens anywhere in the text."""
+container_id go in `extra`. Secrets are redacted from every line, ours and the libraries': extras
+named like one (`token`, `api_key`, `password`, `authorization`, `*_secret`, ...) and, anywhere in the
+text, API-key or Anthropic-key tokens, bearer credentials, credential headers (`Authorization: …`,
+`x-api-key: …`), URL query values named like a credential (`?token=…`, `&sig=…`), a URL's
+`user:password@`, and every value registered with `register_secrets` (the MCP servers' env values,
+header values and URL query values, registered when a server starts). The HTTP client libraries'
+own request logging (httpx prints every request's full URL at INFO) is turned down to WARNING too."""
 
 from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import re
 import sys
 import time
+import urllib.parse
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +38,76 @@ def _secret_name(key: str) -> bool:
     return k in _SECRET_NAMES or k.endswith(("_secret", "_token", "_password", "_api_key"))
 
 
+# `?token=…`, `&api_key=…`, `;sig=…`: query (or matrix) values whose name says credential
+_QUERY_SECRET = re.compile(r"(?i)([?&;][^=&?;\s\"'<>]*?(?:token|key|sig|secret|passw|pwd|auth|credential|session|"
+                           r"code)[^=&?;\s\"'<>]*=)[^&#;\s\"'<>]+")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@\"'<>]+@")
+_HEADER_SECRET = re.compile(r"(?i)\b((?:proxy-)?authorization|x-api-key|api-key|x-auth-token|x-amz-security-token|"
+                            r"(?:set-)?cookie)(\\?[\"']?\s*[:=,]\s*(?:b(?=\\?[\"']))?\\?[\"']?)[^\"'\\\r\n,}]+")
+_SECRET_MIN_CHARS = 8  # shorter values are too likely to occur by chance (and to be no secret)
+_SECRETS_MAX = 4096
+_known: dict[str, None] = {}  # registered secret values, oldest first
+_known_pattern: re.Pattern[str] | None = None
+
+
+def register_secrets(values: Iterable[str]) -> None:
+    """Redact these values (and their URL-encoded forms) wherever a log line holds them from now on
+    (values shorter than 8 characters are ignored). The newest 4096 are kept."""
+    global _known_pattern
+    added = False
+    for value in values:
+        value = value.strip()
+        if len(value) < _SECRET_MIN_CHARS:
+            continue
+        for form in {value, urllib.parse.quote(value, safe=""), urllib.parse.quote_plus(value)}:
+            if form not in _known:
+                _known[form] = None
+                added = True
+    if not added:
+        return
+    while len(_known) > _SECRETS_MAX:
+        del _known[next(iter(_known))]
+    _known_pattern = re.compile("|".join(re.escape(v) for v in sorted(_known, key=len, reverse=True)))
+
+
 def redact(text: str) -> str:
     """`text` with the secret part of any credential replaced."""
-    if "avmk_" not in text and "sk-ant-" not in text and "Bearer " not in text:
-        return text
-    return _SECRET_TEXT.sub(lambda m: f"{m.group(1) or m.group(2) or ''}{'.' if m.group(1) else ''}{REDACTED}",
-                            text)
+    if _known_pattern is not None:
+        text = _known_pattern.sub(REDACTED, text)
+    if "avmk_" in text or "sk-ant-" in text or "Bearer " in text:
+        text = _SECRET_TEXT.sub(lambda m: f"{m.group(1) or m.group(2) or ''}{'.' if m.group(1) else ''}{REDACTED}",
+                                text)
+    if "=" in text:
+        text = _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    if "://" in text and "@" in text:
+        text = _USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
+    return _HEADER_SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+
+
+#: Libraries whose INFO/DEBUG lines may carry a request's URL, headers or body: WARNING and up only.
+QUIET_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "mcp", "anthropic", "urllib3", "botocore",
+                 "aiobotocore", "boto3", "s3transfer", "websockets", "hpack", "h2", "sse_starlette")
+
+
+def quiet_libraries() -> None:
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class SecretFilter(logging.Filter):
+    """On a handler: the record's message (its arguments merged in) and string extras redacted, for
+    formatters other than ours (JsonFormatter redacts as well)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: the formatter reports it
+            return True
+        record.msg, record.args = redact(message), None
+        for key, value in list(record.__dict__.items()):
+            if key not in _STD and not key.startswith("_") and isinstance(value, str):
+                setattr(record, key, REDACTED if _secret_name(key) else redact(value))
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -70,6 +142,16 @@ class ClientFaultFilter(logging.Filter):
         return True
 
 
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """The rotating log file, readable by the server's user only (0o600, in a 0o700 directory): tools
+    that run as other uids must not read it. Rotated files keep the mode (they are renamed)."""
+
+    def _open(self) -> Any:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)  # a file made before with a wider mode
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+
 def setup_logging(level: str = "INFO", *, log_file: Path | None = None, max_bytes: int = LOG_FILE_MAX_BYTES,
                   backups: int = LOG_FILE_BACKUPS) -> None:
     """JSON lines to stderr and, with `log_file`, to that file too, rotated at `max_bytes` with
@@ -81,14 +163,18 @@ def setup_logging(level: str = "INFO", *, log_file: Path | None = None, max_byte
             h.close()
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backups,
-                                                             encoding="utf-8"))
+        log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(log_file.parent, 0o700)
+        handlers.append(PrivateRotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backups,
+                                                   encoding="utf-8"))
     for handler in handlers:
         handler.setFormatter(JsonFormatter())
+        handler.addFilter(SecretFilter())
         root.addHandler(handler)
     root.setLevel(level.upper())
-    # Per-request access lines are noise at INFO and cost money in the cloud.
+    # Per-request access lines are noise at INFO, cost money in the cloud and hold query strings
+    # (`/ws?token=…`); so do the HTTP clients' request lines.
+    quiet_libraries()
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     uvicorn_errors = logging.getLogger("uvicorn.error")
     uvicorn_errors.setLevel(logging.WARNING)

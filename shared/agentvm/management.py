@@ -216,11 +216,13 @@ class Sessions(_Api):
     async def turns(self, session_id: str) -> list[JSON]:
         return list((await self._call("GET", f"/v1/sessions/{session_id}/turns"))["items"])
 
-    async def export_bytes(self, session_id: str, *,
+    async def export_bytes(self, session_id: str, *, include_secrets: bool = False,
                            progress: Callable[[int, int | None], None] | None = None) -> bytes:
         """The session's archive (JSON) as the server wrote it, streamed; `progress(received, total)`
-        after each chunk (`total`: None when the server did not say)."""
-        async with self._http.stream("GET", f"/v1/sessions/{session_id}/export") as res:
+        after each chunk (`total`: None when the server did not say). The image's secrets are
+        `<redacted>` unless `include_secrets` (docs/sessions.md)."""
+        params = {"includeSecrets": "true"} if include_secrets else None
+        async with self._http.stream("GET", f"/v1/sessions/{session_id}/export", params=params) as res:
             if res.status_code >= 400:
                 await res.aread()
                 raise _failure(res)
@@ -235,9 +237,12 @@ class Sessions(_Api):
                     progress(received, total)
         return b"".join(chunks)
 
-    async def export(self, session_id: str, *, progress: Callable[[int, int | None], None] | None = None) -> JSON:
-        """The session as a portable archive: image snapshot with pins, messages, turns, usage."""
-        return dict(json.loads(await self.export_bytes(session_id, progress=progress)))
+    async def export(self, session_id: str, *, include_secrets: bool = False,
+                     progress: Callable[[int, int | None], None] | None = None) -> JSON:
+        """The session as a portable archive: image snapshot with pins, messages, turns, usage (the
+        image's secrets `<redacted>` unless `include_secrets`)."""
+        return dict(json.loads(await self.export_bytes(session_id, include_secrets=include_secrets,
+                                                       progress=progress)))
 
     async def import_(self, archive: bytes | JSON, container_id: str, *,
                       progress: Callable[[int, int | None], None] | None = None) -> JSON:

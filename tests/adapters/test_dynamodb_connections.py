@@ -58,3 +58,22 @@ async def test_expired_records_are_not_returned(registry: DynamoDBConnections) -
     assert await registry.get_connection("c1") is None
     assert await registry.subscribers("t1", "s1") == []
     assert await registry.watchers("t1", "u1") == []
+
+
+async def test_a_tenant_scoped_registry_never_touches_connection_records(registry: DynamoDBConnections) -> None:
+    """The container task's registry (adapters/aws/tenant_scope.py): only its tenant's SUBS#/WATCH# items."""
+    await registry.put_connection(ConnectionRecord("c1", "t1", None, 100))
+    await registry.put_subscription("t1", "s1", Subscription("c1", 0))  # ws_default: both items
+    scoped = DynamoDBConnections(registry.store, tenant_scope="t1")
+    await scoped.put_subscription("t1", "s1", Subscription("c1", 0, 7, False, 7))
+    assert [s.replayed_seq for s in await scoped.subscribers("t1", "s1")] == [7]
+    for refused in (scoped.put_subscription("t2", "s1", Subscription("c1", 0)), scoped.subscribers("t2", "s1"),
+                    scoped.get_connection("c1"), scoped.put_connection(ConnectionRecord("c9", "t2", None, 1)),
+                    scoped.authenticate("c1", "t2", None)):
+        with pytest.raises(PermissionError, match="scoped to one tenant"):
+            await refused
+    # gone: the subscription it saw goes, the connection record stays for $disconnect / the TTL
+    await scoped.delete_connection("c1")
+    assert await scoped.subscribers("t1", "s1") == []
+    record = await registry.get_connection("c1")
+    assert record is not None and record.tenant_id == "t1"

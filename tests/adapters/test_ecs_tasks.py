@@ -22,6 +22,7 @@ from agentvm.adapters.aws.ecs_tasks import (
     EcsContainerTier,
     container_task_pk,
 )
+from agentvm.adapters.aws.tenant_scope import TenantNotScopable
 from agentvm.errors import AgentVMError
 
 pytestmark = pytest.mark.usefixtures("aws_env")
@@ -280,10 +281,16 @@ def test_worker_task_id_cannot_look_like_a_start_claim(store: DynamoDBStore) -> 
 
 async def test_keys_are_escaped_per_tenant_and_container(store: DynamoDBStore, ecs: Ecs,
                                                         tier: EcsContainerTier) -> None:
-    await tier.start("a#b", "c", "s1")
+    # a tenant id with "#" cannot get a tenant-scoped task at all (adapters/aws/tenant_scope.py): refused
+    # before anything is stored; container ids are escaped in the key
+    with pytest.raises(TenantNotScopable, match="cannot have a tenant-scoped sandbox"):
+        await tier.start("a#b", "c", "s1")
     await tier.start("a", "b#c", "s2")
-    assert pending_of(await record(store, "a#b", "c")) == {"s1"}
+    await tier.start("a", "b", "s3")
+    assert "Item" not in await store.client.get_item(
+        TableName=store.table_name, Key={"PK": {"S": container_task_pk("a#b", "c")}, "SK": {"S": "CTASK"}})
     assert pending_of(await record(store, "a", "b#c")) == {"s2"}
+    assert pending_of(await record(store, "a", "b")) == {"s3"}
     assert len(await ecs.task_arns()) == 2
 
 

@@ -192,6 +192,45 @@ async def test_settle_moves_the_hold_to_spent_exactly(ledger: UsageLedger) -> No
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.00000105"), room)
 
 
+async def test_a_call_billed_above_its_hold_is_billed_and_blocks_further_holds(ledger: UsageLedger) -> None:
+    """An upstream reported more than the hold's upper bound: the record is billed as reported, and
+    while spent + reserved exceeds the cap no hold fits, however small; another call holding when the
+    overrun settled keeps its hold (its own cost stays within it), so the overshoot is that one call's
+    excess. Raising the cap makes the counters consistent again."""
+    cap = Decimal("0.10")
+    assert await ledger.reserve("t1", "k1", P_NOV, Decimal("0.04"), turn_id="over", tenant_cap=cap,
+                                key_cap=cap) is None
+    assert await ledger.reserve("t1", "k1", P_NOV, Decimal("0.05"), turn_id="honest", tenant_cap=cap,
+                                key_cap=cap) is None
+    over = _record("over#llm#1", key="k1", billed=Decimal("0.09"))  # 0.05 above its hold of 0.04
+    assert await ledger.settle(over, reserved=Decimal("0.04"), reserved_period=P_NOV, key_held=True) is True
+    assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.09"), Decimal("0.05"))
+    for turn in ("next1", "next2"):
+        assert await ledger.reserve("t1", "k1", P_NOV, Decimal("0.00000001"), turn_id=turn, tenant_cap=cap,
+                                    key_cap=None) == "tenant"
+        assert await ledger.reserve("t1", "k1", P_NOV, Decimal("0.00000001"), turn_id=turn, tenant_cap=None,
+                                    key_cap=cap) == "key"
+    honest = _record("honest#llm#1", key="k1", billed=Decimal("0.05"))
+    assert await ledger.settle(honest, reserved=Decimal("0.05"), reserved_period=P_NOV, key_held=True) is True
+    spend = await ledger.spend("t1", None, P_NOV)
+    assert spend == Spend(Decimal("0.14"), Decimal(0)) == await ledger.spend("t1", "k1", P_NOV)
+    # the overshoot (0.04: the holds left 0.01 unused) is at most that one call's excess (0.05)
+    assert Decimal(0) < spend.spent - cap <= over.billed_cost - Decimal("0.04")
+    records = await ledger.list_usage("t1", since_ms=0, until_ms=DEC_1)
+    assert sum(r.billed_cost for r in records) == spend.spent
+    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.00000001"), turn_id="next3", tenant_cap=cap,
+                                key_cap=None) == "tenant"
+    assert await ledger.reserve("t1", None, P_NOV, Decimal("0.01"), turn_id="next3", tenant_cap=Decimal("0.15"),
+                                key_cap=None) is None
+
+
+async def test_an_estimated_record_round_trips_and_says_so(ledger: UsageLedger) -> None:
+    rec = _record("e#llm#1", status="failed", usage=Usage(1234, 8), estimated=True)
+    assert await ledger.settle(rec, reserved=Decimal(0), reserved_period=P_NOV, key_held=False) is True
+    [listed] = await ledger.list_usage("t1", since_ms=0, until_ms=DEC_1)
+    assert listed == rec and listed.estimated is True and listed.to_wire()["estimated"] is True
+
+
 async def test_settle_is_once_per_record(ledger: UsageLedger) -> None:
     await ledger.reserve("t1", None, P_NOV, Decimal(1), turn_id="turn1", tenant_cap=Decimal(10), key_cap=None)
     rec = _record("turn1#llm#1", billed=Decimal("0.25"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,18 +327,6 @@ async def test_tenants_see_only_their_own_and_prometheus_needs_an_operator_key(
 
 # ---- the log file ------------------------------------------------------------------------------
 
-
-@pytest.fixture
-def root_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for h in list(root.handlers):
-        root.removeHandler(h)
-        h.close()
-    for h in handlers:
-        root.addHandler(h)
-    root.setLevel(level)
 
 
 def test_json_lines_go_to_a_rotating_file_without_secrets(tmp_path: Path, root_logging: None) -> None:

@@ -5,16 +5,20 @@ turns against a budget that covers 10 end at or below it, and refused turns neve
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from agentvm.domain.models import Usage
 from agentvm.drivers.base import LLMRequest
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
-from agentvm.money import cost_of
+from agentvm.ids import now_ms
+from agentvm.money import cost_of, money_text
 from agentvm.services.metering import worst_cost
 from tests.support.scripts import RecordingDriver
 from tests.support.servers import in_process
@@ -123,14 +127,14 @@ def test_the_worst_case_bounds_input_by_bytes_and_media_by_block() -> None:
     image = LLMRequest(MODEL, [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A" * 1_000_000}}]}],
         max_tokens=10)
-    from agentvm.services.metering import BLOCK_TOKENS, worst_input_tokens
+    from agentvm.services.metering import IMAGE_TOKENS, worst_input_tokens
 
     assert worst_input_tokens(text) >= 200  # two UTF-8 bytes per é: never fewer tokens than bytes
-    assert BLOCK_TOKENS <= worst_input_tokens(image) < BLOCK_TOKENS + 100
+    assert IMAGE_TOKENS <= worst_input_tokens(image) < IMAGE_TOKENS + 100
     # at the dearer of input (3) and cache write (3.75), plus max_tokens at output (15), × 1.05, rounded up:
-    # (247 × 3.75 + 10 × 15) / 1e6 × 1.05 = 0.0011300625
-    assert worst_input_tokens(text) == 247
-    assert worst_cost(text, markup=Decimal("1.05"), prices=None) == Decimal("0.00113007")
+    # (245 × 3.75 + 10 × 15) / 1e6 × 1.05 = 0.0011221875
+    assert worst_input_tokens(text) == 245
+    assert worst_cost(text, markup=Decimal("1.05"), prices=None) == Decimal("0.00112219")
 
 
 async def test_a_keys_budget_limits_that_key_only(tmp_path: Path) -> None:
@@ -172,3 +176,162 @@ async def test_a_keys_budget_limits_that_key_only(tmp_path: Path) -> None:
         done = statuses.count("completed")
         assert Decimal(intern_budget["spent"]) == ONE * done <= ONE * 2
         assert Decimal(report["spent"]) == ONE * (done + 3)  # the tenant's month counts every key
+
+
+# ---- the hold is an upper bound; an upstream that bills above it ---------------------------------
+
+class MeteredDriver:
+    """A model that answers "done" and reports usage as Anthropic would for the request it got: input
+    tokens about one per 4 bytes of the request's text (Claude's tokenizers average 3.5 to 4 bytes a
+    token), output tokens the same for its answer. `over` (a call index, or "all") reports instead
+    `factor` × the input tokens that would cost the whole hold (the input bound plus max_tokens at the
+    output price, 5 × the input price): an upstream billing more than the hold assumed."""
+
+    name = "anthropic"
+
+    def __init__(self, over: int | str | None = None, factor: int = 3, delay_s: float = 0.03,
+                 over_delay_s: float = 0.03) -> None:
+        self.over = over
+        self.factor = factor
+        self.over_delay_s = over_delay_s
+        self.delay_s = delay_s
+        self.requests: list[LLMRequest] = []
+        self.billed: list[tuple[LLMRequest, Usage]] = []
+
+    async def stream(self, request: LLMRequest) -> Any:
+        from agentvm.drivers.base import MessageStart, MessageStop, TextDelta
+        from agentvm.services.metering import worst_input_tokens
+
+        index = len(self.requests)
+        self.requests.append(request)
+        text = json.dumps([request.system, request.messages, request.tools])
+        input_tokens = -(-len(text.encode()) // 4)
+        overrun = self.over == "all" or self.over == index
+        if overrun:
+            input_tokens = self.factor * (worst_input_tokens(request) + 5 * request.max_tokens)
+        usage = Usage(input_tokens, 2)
+        self.billed.append((request, usage))
+        yield MessageStart(f"msg_{index}", MODEL, Usage(input_tokens, 1))
+        await asyncio.sleep(self.over_delay_s if overrun else self.delay_s)
+        yield TextDelta("done")
+        yield MessageStop("end_turn", usage)
+
+
+async def _ledger_total(srv: Any) -> Decimal:
+    meter = srv.runtime.services.deps.meter
+    records = await meter.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+    return sum((r.billed_cost for r in records), Decimal(0))
+
+
+def _quota_refused(result: dict[str, Any]) -> bool:
+    if result["status"] == "completed":
+        return False
+    assert result["status"] == "failed" and result["error"]["code"] == "quota_exceeded", result
+    assert result["usage"] == Usage().to_wire() and Decimal(result["cost"]["billed"]) == 0
+    return True
+
+
+async def test_fifty_concurrent_turns_with_realistic_usage_stay_within_a_tiny_budget(tmp_path: Path) -> None:
+    driver = MeteredDriver()
+    async with in_process(tmp_path / "data", driver=driver, llm_model=MODEL) as srv, \
+            httpx.AsyncClient(base_url=srv.http, timeout=30) as http:
+        # two holds' worth: a call costs about a sixteenth of its hold, so 50 of them do not fit
+        budget = 2 * worst_cost(LLMRequest(MODEL, [{"role": "user", "content": "work 10"}], max_tokens=60),
+                                markup=Decimal("1.05"), prices=None)
+        assert (await http.put("/v1/budgets", json={"monthlyBudget": str(budget)})).status_code == 200
+        results = await asyncio.gather(*(execute(http, f"work {i}") for i in range(50)))
+        done = [r for r in results if not _quota_refused(r)]
+        assert 1 <= len(done) < 50 and len(driver.requests) == len(done)
+        while not _quota_refused(await execute(http, "work more")):
+            pass
+        report = (await http.get("/v1/budgets")).json()
+        spent = Decimal(report["spent"])
+        # exactly what the ledger's records add up to, and never past the budget
+        assert spent == await _ledger_total(srv) <= budget and Decimal(report["reserved"]) == 0
+        assert spent == sum((cost_of(u, MODEL).billed for _, u in driver.billed), Decimal(0))
+        # every call's hold covered its cost
+        for request, usage in driver.billed:
+            assert cost_of(usage, MODEL).billed <= worst_cost(request, markup=Decimal("1.05"), prices=None)
+
+
+async def test_an_upstream_billing_above_the_hold_overshoots_by_at_most_that_calls_excess(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    driver = MeteredDriver(over="all")
+    async with in_process(tmp_path / "data", driver=driver, llm_model=MODEL) as srv, \
+            httpx.AsyncClient(base_url=srv.http, timeout=30) as http:
+        probe = await execute(http, "work probe")  # no budget yet: learn one call's hold
+        assert probe["status"] == "completed"
+        hold = worst_cost(driver.requests[0], markup=Decimal("1.05"), prices=None)
+        budget = (hold * Decimal("1.5")).quantize(Decimal("0.00000001"))  # one hold fits, two do not
+        base = await _ledger_total(srv)
+        assert (await http.put("/v1/budgets", json={"monthlyBudget": str(budget + base)})).status_code == 200
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="agentvm.services.metering"):
+            results = await asyncio.gather(*(execute(http, f"work {i}") for i in range(50)))
+            done = [r for r in results if not _quota_refused(r)]
+            assert len(done) == 1  # one hold at a time fits; it overran, so none started after it
+            calls = len(driver.requests)
+            assert _quota_refused(await execute(http, "work after"))  # spent > budget: refused ...
+            assert len(driver.requests) == calls  # ... before reaching the model
+        [(request, usage)] = driver.billed[1:]
+        billed = cost_of(usage, MODEL).billed
+        excess = billed - worst_cost(request, markup=Decimal("1.05"), prices=None)
+        assert excess > 0
+        report = (await http.get("/v1/budgets")).json()
+        spent = Decimal(report["spent"]) - base
+        assert Decimal(report["spent"]) == await _ledger_total(srv)  # billed as reported
+        assert spent == billed and 0 < spent - budget <= excess
+        [line] = [r for r in caplog.records if r.getMessage().startswith("budget hold exceeded")]
+        assert line.levelno == logging.WARNING and line.billed == money_text(billed)  # type: ignore[attr-defined]
+        assert line.excess == money_text(excess)  # type: ignore[attr-defined]
+        metrics = (await http.get("/metrics")).text
+        assert 'avm_budget_overruns_total{model_family="claude-sonnet"} 1' in metrics
+
+
+async def test_one_overrun_among_concurrent_turns_overshoots_by_at_most_its_excess(tmp_path: Path) -> None:
+    # the first call after the probe over-reports 20-fold; the others report realistic usage
+    driver = MeteredDriver(over=1, factor=20, over_delay_s=1.0)
+    async with in_process(tmp_path / "data", driver=driver, llm_model=MODEL) as srv, \
+            httpx.AsyncClient(base_url=srv.http, timeout=30) as http:
+        assert (await execute(http, "work probe"))["status"] == "completed"
+        base = await _ledger_total(srv)
+        budget = 10 * worst_cost(driver.requests[0], markup=Decimal("1.05"), prices=None)  # ten holds fit
+        assert (await http.put("/v1/budgets", json={"monthlyBudget": str(budget + base)})).status_code == 200
+        results = await asyncio.gather(*(execute(http, f"work {i}") for i in range(50)))
+        assert 2 <= len([r for r in results if not _quota_refused(r)]) < 50
+        request, usage = driver.billed[1]
+        excess = cost_of(usage, MODEL).billed - worst_cost(request, markup=Decimal("1.05"), prices=None)
+        report = (await http.get("/v1/budgets")).json()
+        spent = Decimal(report["spent"]) - base
+        assert spent + base == await _ledger_total(srv) and Decimal(report["reserved"]) == 0
+        assert spent > budget  # the overrun passed the budget: calls running then finished within their holds
+        assert spent - budget <= excess
+        calls = len(driver.requests)
+        assert _quota_refused(await execute(http, "work after")) and len(driver.requests) == calls
+
+
+def test_the_input_bound_per_block_type() -> None:
+    from agentvm.services.metering import IMAGE_TOKENS, TOOL_SYSTEM_TOKENS, context_window, worst_input_tokens
+
+    def bound(content: Any, model: str = MODEL, **kw: Any) -> int:
+        return worst_input_tokens(LLMRequest(model, [{"role": "user", "content": content}], max_tokens=10, **kw))
+
+    base = bound([])
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"}}
+    # a PDF's pages are rendered by the provider: the whole context window (200k for Sonnet 4.5, 1M for 4.6)
+    assert bound([pdf]) == context_window(MODEL) == 200_000
+    assert bound([pdf], "claude-sonnet-4-6") == context_window("claude-sonnet-4-6") == 1_000_000
+    assert bound([{**pdf, "source": {"type": "url", "url": "https://example.com/a.pdf"}}]) == 200_000
+    # a plain-text document: its bytes
+    text_doc = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x" * 5000}}
+    assert 5000 < bound([text_doc]) - base < 5100
+    # an image inside a tool result counts as an image; the result's text by its bytes
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "text", "text": "ü" * 1000},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A" * 10_000_000}}]}
+    assert IMAGE_TOKENS + 2000 < bound([result]) - base < IMAGE_TOKENS + 2100
+    # tools add their definitions and the tool-use system prompt
+    tool = {"name": "bash", "description": "d" * 300, "input_schema": {"type": "object"}}
+    assert TOOL_SYSTEM_TOKENS + 300 < bound([], tools=[tool]) - base < TOOL_SYSTEM_TOKENS + 400
+    # never more than the context window
+    assert bound("z" * 300_000) == 200_000

@@ -53,13 +53,14 @@ rules:
       - error: {code: rate_limit_error, message: Rate limit exceeded}
 """
 # what the provider reported for each call of each kind of turn; a stream cut after its start has
-# reported the input tokens and 1 output token (Anthropic's message_start)
+# reported the input tokens and 1 output token (Anthropic's message_start), and the output streamed
+# before the cut ("partial ", 8 bytes) is billed on top, one token per byte, marked estimated
 REPORTED: dict[str, list[tuple[str, Usage]]] = {
     "sonnet": [("claude-sonnet-4-5-20250929", Usage(1200, 340, 5000, 800))],
     "haiku": [("claude-haiku-4-5", Usage(301, 45))],
     "opus": [("claude-opus-4-1", Usage(2000, 901, 0, 10007))],
     "tools": [("claude-sonnet-4-5", Usage(900, 77, 333)), ("claude-sonnet-4-5", Usage(1010, 12))],
-    "fails": [("claude-sonnet-4-5", Usage(777, 1))],
+    "fails": [("claude-sonnet-4-5", Usage(777, 1 + 8))],
     "refused": [],
 }
 TRAFFIC = {"sonnet": 7, "haiku": 11, "opus": 3, "tools": 4, "fails": 2, "refused": 2}
@@ -115,7 +116,7 @@ async def test_a_month_of_traffic_bills_reported_tokens_at_list_price_times_mark
         usage = (await http.get("/v1/usage", params={"period": period, "groupBy": "model"})).json()
         assert Decimal(usage["total"]["billedCost"]) == ledger_billed
         assert usage["total"]["usage"] == {"inputTokens": 7 * 1200 + 11 * 301 + 3 * 2000 + 4 * 1910 + 2 * 777,
-                                           "outputTokens": 7 * 340 + 11 * 45 + 3 * 901 + 4 * 89 + 2,
+                                           "outputTokens": 7 * 340 + 11 * 45 + 3 * 901 + 4 * 89 + 2 * 9,
                                            "cacheReadTokens": 7 * 5000 + 4 * 333,
                                            "cacheWriteTokens": 7 * 800 + 3 * 10007}
         assert [row["model"] for row in usage["rows"]] == [
@@ -124,6 +125,7 @@ async def test_a_month_of_traffic_bills_reported_tokens_at_list_price_times_mark
         jsonl = await http.get("/v1/usage/export", params={"period": period, "format": "jsonl"})
         lines = [orjson.loads(line) for line in jsonl.text.splitlines()]
         assert len(lines) == calls and sum(Decimal(x["billedCost"]) for x in lines) == ledger_billed
+        assert [x["status"] for x in lines if x["estimated"]] == ["failed", "failed"]
 
         focus = await http.get("/v1/usage/export", params={"period": period})
         assert focus.status_code == 200 and focus.headers["content-type"].startswith("text/csv")
@@ -132,6 +134,9 @@ async def test_a_month_of_traffic_bills_reported_tokens_at_list_price_times_mark
         assert sum(Decimal(r["BilledCost"]) for r in rows) == ledger_billed
         assert sum(Decimal(r["ListCost"]) for r in rows) == ledger_list
         assert {r["BillingAccountId"] for r in rows} == {"local"}
+        estimated = {orjson.loads(r["Tags"])["agentvm/turn"] for r in rows
+                     if orjson.loads(r["Tags"]).get("agentvm/usage-estimated") == "true"}
+        assert estimated == {x["turnId"] for x in lines if x["estimated"]} and len(estimated) == 2
 
 
 async def test_configured_prices_replace_the_shipped_rows_for_the_next_turn(tmp_path: Path) -> None:

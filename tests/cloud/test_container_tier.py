@@ -35,6 +35,7 @@ SCRIPT = TOOL_SCRIPT + """
       - text: ["Hello."]
 """
 TENANT = "tenant-ct"
+TENANT_ROLE_ARN = "arn:aws:iam::123456789012:role/agentvm-tenant-worker"
 
 
 @dataclass
@@ -89,7 +90,8 @@ async def cloud(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPat
                    "AVM_RELIABLE_WRAPPER": "false", "AVM_STREAM_FLUSH_MS": "0", "AVM_BUCKET": bucket,
                    "AVM_ECS_CLUSTER": cluster, "AVM_ECS_TASK_DEFINITION": task_def, "AVM_ECS_SUBNETS": subnet,
                    "AVM_ECS_SECURITY_GROUPS": group, "AVM_ECS_CONTAINER_NAME": "worker",
-                   "AVM_DATA_DIR": str(data / "worker"), "AVM_WORKER_IDLE_S": "1"}
+                   "AVM_DATA_DIR": str(data / "worker"), "AVM_WORKER_IDLE_S": "1",
+                   "AVM_WORKER_TENANT_ROLE_ARN": TENANT_ROLE_ARN}
             for name, value in env.items():
                 monkeypatch.setenv(name, value)
             yield Cloud(edge, store, ecs, cluster, bucket, data)

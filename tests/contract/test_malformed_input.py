@@ -10,6 +10,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from agentvm.protocol.refused import DEEP_SCAN_MAX
 from tests.contract.conftest import Server
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient
@@ -85,6 +86,39 @@ async def test_frames_that_cannot_be_answered_do_not_break_the_connection(server
         # nothing a client sends is ever echoed to another connection
         assert other.events == []
         assert "sk-secret" not in json.dumps(c.events)
+
+
+async def test_frames_nested_too_deep_are_answered_and_name_the_limit(server: Server) -> None:
+    """orjson reads 1024 levels; deeper frames are read by a scanner up to DEEP_SCAN_MAX characters.
+    A request that deep gets its error response; a frame too large to scan, whose requestId is thus
+    unknown, a system_error naming both limits; the connection stays up."""
+    deep = "[" * 2000 + "]" * 2000
+    scanned = '{"type":"image_get_request","data":{"imageId":' + deep + ',"requestId":"deep1"}}'
+    no_id = '{"type":"image_get_request","data":{"imageId":' + deep + "}}"
+    big = '{"type":"image_get_request","data":{"imageId":' + "[" * 10_000 + "]" * 10_000 + ',"requestId":"deep2"}}'
+    assert len(scanned) < DEEP_SCAN_MAX < len(big) < 64 * 1024  # under API Gateway's frame limit too
+    async with StockClient(server.url) as c:
+        for frame in (scanned, no_id, big):
+            await c.send_raw(frame)
+        await c.wait_for(lambda _: sum(e["type"] == "system_error" for e in c.events) >= 3
+                         and any(e["type"] == "image_get_response" for e in c.events))
+        res = next(e for e in c.events if e["type"] == "image_get_response")
+        assert res["data"]["requestId"] == "deep1"
+        assert res["data"]["error"] == "image_get_request: frame: nests deeper than 1024 levels"
+        assert res["data"]["errorCode"] == "invalid_request"
+        errors = sorted((e["data"].get("requestId", ""), e["data"]["message"], e["data"]["code"])
+                        for e in c.events if e["type"] == "system_error")
+        assert errors == [
+            ("", "frame: nests deeper than 1024 levels; a frame that deep is read only up to 16384 characters "
+                 f"and this one has {len(big)}, so it was not read (no response: its requestId is unknown)",
+             "invalid_request"),
+            ("", "image_get_request: frame: nests deeper than 1024 levels", "invalid_request"),
+            ("deep1", "image_get_request: frame: nests deeper than 1024 levels", "invalid_request"),
+        ]
+        res = await c.request("container_list_request")  # the connection is still up
+        assert "error" not in res["data"], res
+        assert [e for e in c.events if e["type"] == "image_get_response"
+                and e["data"]["requestId"] == "deep2"] == []
 
 
 @pytest.mark.local_only("the limit is avm serve's max_frame_bytes; API Gateway's 128 KB is tests/cloud/test_edge.py's")

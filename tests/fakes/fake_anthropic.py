@@ -192,7 +192,20 @@ class ErrorReply:
         return cls(400, "invalid_request_error", message)
 
 
-Response = Reply | ErrorReply
+@dataclass(frozen=True, slots=True)
+class RawStream:
+    """A recorded SSE stream served verbatim (`tests/fixtures/anthropic_streams`), one event per
+    chunk. With `cut_after`, the connection is dropped once that many `content_block_delta`
+    events were sent (no chunked terminator), as a network failure mid-stream would."""
+
+    body: bytes
+    cut_after: int | None = None
+
+    def events(self) -> list[bytes]:
+        return [e + b"\n\n" for e in self.body.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
+
+
+Response = Reply | ErrorReply | RawStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,6 +552,8 @@ class FakeAnthropic:
         response = self._take(request.body)
         if isinstance(response, ErrorReply):
             return await self._send_error(writer, response, request_id)
+        if isinstance(response, RawStream):
+            return await self._send_raw(writer, response, request_id)
         if response.delay_s:
             await asyncio.sleep(response.delay_s)
         message_id = response.message_id or self._next_id("msg")
@@ -651,6 +666,23 @@ class FakeAnthropic:
             await writer.drain()
             if name == "content_block_delta":
                 deltas_sent += 1
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def _send_raw(self, writer: asyncio.StreamWriter, raw: RawStream, request_id: str) -> bool:
+        writer.write(_head(200, {"content-type": "text/event-stream; charset=utf-8",
+                                 "cache-control": "no-cache", "transfer-encoding": "chunked",
+                                 "connection": "keep-alive", "request-id": request_id}))
+        deltas = 0
+        for event in raw.events():
+            if raw.cut_after is not None and deltas >= raw.cut_after and b"content_block_delta" in event:
+                await writer.drain()
+                writer.transport.abort()
+                return False
+            writer.write(_chunk(event))
+            await writer.drain()
+            deltas += b"event: content_block_delta" in event
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True

@@ -4,12 +4,14 @@ in-process (fast, many examples) and against a live `avm serve` over real WebSoc
 The oracle: a frame that is JSON text (RFC 8259: UTF-8, any depth, any number, escaped lone
 surrogates allowed) holding an object, not an ACK, whose `type` ends in `_request` and whose
 `data.requestId` is a non-empty string of valid Unicode gets exactly ONE `<command>_response` with
-that requestId; any other frame gets none. Besides: no error text leaks a traceback, a source path or
-an exception class (unless the frame itself held that text); no request fails with `internal_error`
-(the protocol's 5xx); the router never raises; the connection stays open, except for a frame over
-`max_frame_bytes` (close 1009 with a reason) or a text frame that is not UTF-8 (close 1007), which
-close that connection only; a second, well-behaved connection meanwhile gets correct answers and
-nothing else.
+that requestId; any other frame gets none. A frame nested deeper than orjson reads (1024 levels) gets
+one `system_error` saying so, unless it is JSON that is not an object; one too large for the deep
+scanner (DEEP_SCAN_MAX) gets it without a requestId, naming the scan limit. Besides: no error text
+leaks a traceback, a source path or an exception class (unless the frame itself held that text); no
+request fails with `internal_error` (the protocol's 5xx); the router never raises; the connection
+stays open, except for a frame over `max_frame_bytes` (close 1009 with a reason) or a text frame that
+is not UTF-8 (close 1007), which close that connection only; a second, well-behaved connection
+meanwhile gets correct answers and nothing else.
 
 `make test` runs a small deterministic sample (150 router examples, ~60 live frames); FUZZ_SCALE=<n>
 multiplies the examples (e.g. FUZZ_SCALE=20 for a long run)."""
@@ -151,6 +153,22 @@ def expected_answer(frame: Frame) -> tuple[str, str] | None:
     return rid, type_[: -len("_request")] + "_response"
 
 
+TOO_DEEP = f"nests deeper than {PARSER_MAX_DEPTH} levels"
+NOT_READ = f"read only up to {DEEP_SCAN_MAX} characters"
+
+
+def expected_deep_error(frame: Frame) -> str | None:
+    """What the one `system_error` a frame nested deeper than orjson reads gets must say (besides its
+    response, when it has one): every such frame is answered, unless it is not an object."""
+    if frame.levels <= PARSER_MAX_DEPTH or not frame.utf8:
+        return None
+    if len(frame.payload.decode("utf-8")) > DEEP_SCAN_MAX:
+        return NOT_READ  # too large to be scanned: neither its grammar nor its requestId is known
+    if not frame.payload.startswith(b"{"):
+        return None  # JSON that is not an object is ignored, however deep
+    return TOO_DEEP
+
+
 # ---- strategies ------------------------------------------------------------------------------
 
 wrong_types = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
@@ -277,9 +295,20 @@ def deep_frames(draw: st.DrawFn) -> Frame:
     deep = opener * depth + leaf + closer * depth
     env = draw(command_envs)
     where = draw(st.sampled_from(["content", "config", "x", "top", "around"]))
-    if where == "around":  # not an object: never answered
-        return Frame((opener * depth + encoded(env).payload.decode() + closer * depth).encode(), label="deep around")
+    if where == "around":  # no envelope at the top: never a response
+        levels = max(itertools.accumulate((c in "[{") - (c in "]}") for c in opener * depth)) + json_depth(env)
+        return Frame((opener * depth + encoded(env).payload.decode() + closer * depth).encode(), label="deep around",
+                     levels=levels)
     return nested(env, where, deep)
+
+
+def json_depth(value: Any) -> int:
+    """How many containers deep a (shallow) JSON value nests."""
+    if isinstance(value, dict):
+        return 1 + max(map(json_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(json_depth, value), default=0)
+    return 0
 
 
 def nested(env: dict[str, Any], where: str, deep: str) -> Frame:
@@ -349,6 +378,13 @@ def check_answers(sent: list[Frame], events: list[Event]) -> None:
     expected = Counter(a for f in sent if (a := expected_answer(f)) is not None)
     got = Counter((e["data"].get("requestId"), e["type"]) for e in events if e.get("category") == "response")
     assert got == expected, f"answers {dict(got)} != expected {dict(expected)} for {sent}"
+    deep = Counter(d for f in sent if (d := expected_deep_error(f)) is not None)
+    deep_got = Counter(NOT_READ if NOT_READ in m else TOO_DEEP for e in events if e.get("type") == "system_error"
+                       and TOO_DEEP in (m := str((e.get("data") or {}).get("message"))))
+    assert deep_got == deep, f"deep-frame errors {dict(deep_got)} != expected {dict(deep)} for {sent}"
+    for e in events:
+        if NOT_READ in str((e.get("data") or {}).get("message")):
+            assert "requestId" not in e["data"], e
     wire = b"\n".join(f.payload for f in sent).decode("utf-8", "replace")
     for ev in events:
         data = ev.get("data") or {}
@@ -407,6 +443,8 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 ALWAYS = [  # every run sends these besides the generated batches: what the fuzzing found, among others
     raw('{"type":"message_send_request","data":{"imageId":"$IMAGE","content":"cut \\ud83d","requestId":"s1"}}'),
     nested({"type": "image_get_request", "data": {"requestId": "d1"}}, "imageId", "[" * 2000 + "]" * 2000),
+    nested({"type": "image_get_request", "data": {}}, "imageId", "[" * 2000 + "]" * 2000),  # no requestId
+    nested({"type": "image_get_request", "data": {"requestId": "d2"}}, "imageId", "[" * 9000 + "]" * 9000),
     raw('{"type":"image_get_request","data":{"imageId":"$IMAGE","requestId":"dup"}}'),
     raw('{"type":"image_get_request","data":{"imageId":"$IMAGE","requestId":"dup"}}'),
     raw('{"type":"container_list_request","data":{"requestId":"e1","n":1e400}}'),
@@ -423,7 +461,8 @@ ALWAYS = [  # every run sends these besides the generated batches: what the fuzz
 @example(batch=ALWAYS)
 @given(batch=batches(frames(huge_near=200_000, text_frames=False), max_size=8))
 def test_router_answers_every_request_exactly_once(rig: Rig, batch: list[Frame]) -> None:
-    check_answers(batch, rig.loop.run_until_complete(rig.exchange(batch)))
+    events = rig.loop.run_until_complete(rig.exchange(batch))
+    check_answers([f.bind(rig.image_id) for f in batch], events)  # as sent: the id changes lengths
 
 
 def test_the_strategies_reach_every_kind_of_frame() -> None:
@@ -459,10 +498,10 @@ def test_the_deep_frame_scanner_reads_what_a_json_parser_reads(frame: Frame, cut
             assert _scan(variant) is None, variant
             continue
         want = None
-        if isinstance(body, dict) and "__ack" not in body and isinstance(body.get("type"), str):
-            data = body.get("data")
+        if isinstance(body, dict) and "__ack" not in body:
+            type_, data = body.get("type"), body.get("data")
             rid = data.get("requestId") if isinstance(data, dict) else None
-            want = (body["type"], rid if isinstance(rid, str) else None)
+            want = (type_ if isinstance(type_, str) else None, rid if isinstance(rid, str) else None)
         assert _scan(variant) == want, variant
 
 
@@ -511,11 +550,13 @@ class Live:
                 for f in fits:
                     await a.send_raw(f.wire())
                 want = sum(expected_answer(f) is not None for f in fits)
+                deep = sum(expected_deep_error(f) is not None for f in fits)
 
                 def answered(_: Event) -> bool:
-                    return sum(e.get("category") == "response" for e in a.events) >= want
+                    return (sum(e.get("category") == "response" for e in a.events) >= want
+                            and sum(TOO_DEEP in str((e.get("data") or {}).get("message")) for e in a.events) >= deep)
 
-                if want:
+                if want or deep:
                     await a.wait_for(answered, ANSWER_TIMEOUT_S)
                 await asyncio.sleep(SETTLE_S)
                 check_answers(fits, a.events)

@@ -6,8 +6,9 @@ chat API).
 Each fault is checked for exact behaviour: retried with backoff (or the server's `retry-after`)
 only before anything was streamed to the user; afterwards, or once retries are exhausted, the turn
 ends with the error triple and keeps what was produced; usage reported before the failure is billed
-exactly once; no stack trace reaches the client; another connection's concurrent turn on the same
-server is unaffected and the next message on the faulted session completes.
+exactly once, with the output already streamed (one token per byte, marked estimated); no stack
+trace reaches the client; another connection's concurrent turn on the same server is unaffected
+and the next message on the faulted session completes.
 
 One server per driver serves the whole module (the tests that need other LLM settings start their
 own): every test faults it again on new connections, and checks it stayed well. Each test's victim
@@ -35,12 +36,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from agentvm.cloud.runtime import build_driver as build_function_tier_driver
-from agentvm.config import Settings
 from agentvm.domain.usage import UsageRecord
 from agentvm.drivers import anthropic_lite
 from agentvm.ids import now_ms
-from avm.app import build_driver as build_serve_driver
 from tests.fakes.fake_anthropic import (
     ErrorReply,
     FakeAnthropic,
@@ -50,7 +48,7 @@ from tests.fakes.fake_anthropic import (
     Response,
     Text,
 )
-from tests.support.servers import InProcess, free_port, in_process
+from tests.support.servers import InProcess, free_port, with_anthropic_driver
 from tests.support.stock_client import Event, StockClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # the module's servers live on the module's loop
@@ -113,19 +111,9 @@ def settings_for(base_url: str, *, timeout_s: float) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def serve(data_dir: Path, kind: str, base_url: str, *, timeout_s: float = 10.0) -> AsyncIterator[InProcess]:
-    """`avm serve` in-process with an Anthropic key pointing at `base_url`: the `sdk` kind is the driver
-    `avm serve` builds itself, the `lite` kind the one the function tier's composition root builds."""
-    settings = settings_for(base_url, timeout_s=timeout_s)
-    if kind == "sdk":
-        driver = build_serve_driver(Settings(**settings))
-    else:
-        driver = build_function_tier_driver(Settings(**settings), API_KEY)
-    assert type(driver).__name__ == {"sdk": "AnthropicDriver", "lite": "AnthropicLiteDriver"}[kind]
-    try:
-        async with in_process(data_dir, driver=driver, **settings) as srv:
-            yield srv
-    finally:
-        await driver.aclose()  # type: ignore[attr-defined]
+    """`avm serve` in-process with an Anthropic key pointing at `base_url` (`with_anthropic_driver`)."""
+    async with with_anthropic_driver(data_dir, kind, settings_for(base_url, timeout_s=timeout_s)) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -272,12 +260,13 @@ def assert_no_event_lost(client: StockClient, image: str) -> None:
 
 
 def assert_billed_once(records: list[UsageRecord], tr: dict[str, Any], *, input_tokens: int, output_tokens: int,
-                       status: str) -> None:
+                       status: str, estimated: bool = False) -> None:
     """Exactly one usage record for the turn's one call, with the reported tokens, and the turn's cost
     (what the user was told) equal to the record's."""
     [record] = records
     assert record.record_id == f"{tr['turnId']}#llm#1"
     assert (record.usage.input_tokens, record.usage.output_tokens) == (input_tokens, output_tokens)
+    assert record.estimated is estimated
     assert (record.status, record.model, record.provider) == (status, MODEL, "anthropic")
     assert tr["usage"] == {"inputTokens": input_tokens, "outputTokens": output_tokens,
                            "cacheReadTokens": 0, "cacheWriteTokens": 0}
@@ -425,9 +414,10 @@ async def test_a_stream_cut_mid_message_keeps_the_text_and_bills_once(
         assert len(r.fault_requests()) == 1 and sleeps == []  # no retry
         tr = turn_response(events)
         assert (tr["status"], tr["messageId"]) == ("failed", "msg_cut")
-        # message_start reported the input tokens (and 1 output token): billed exactly once
-        assert_billed_once(await r.usage_records(tr["turnId"]), tr, input_tokens=1234, output_tokens=1,
-                           status="failed")
+        # message_start reported the input tokens (and 1 output token), then "Hel" + "lo, " streamed
+        # (7 bytes) without a final count: billed once, 1 + 7 output tokens, marked estimated
+        assert_billed_once(await r.usage_records(tr["turnId"]), tr, input_tokens=1234, output_tokens=8,
+                           status="failed", estimated=True)
         history = await r.history()
         assert [m["subtype"] for m in history] == ["user", "assistant", "error"]
         assert history[1]["content"] == [{"type": "text", "text": "Hello, "}]  # the partial text is kept
@@ -481,8 +471,8 @@ async def test_a_malformed_event_mid_stream_ends_the_turn_and_the_session_goes_o
         assert error_triple(events) == ("malformed_response", "Anthropic sent a malformed stream event")
         assert len(r.fault_requests()) == 1 and sleeps == []
         tr = turn_response(events)
-        assert_billed_once(await r.usage_records(tr["turnId"]), tr, input_tokens=777, output_tokens=1,
-                           status="failed")
+        assert_billed_once(await r.usage_records(tr["turnId"]), tr, input_tokens=777, output_tokens=8,
+                           status="failed", estimated=True)
         assert [m["subtype"] for m in await r.history()] == ["user", "assistant", "error"]
         await r.next_message_completes()
 
@@ -513,7 +503,7 @@ async def test_a_stream_cut_over_the_sse_chat_api(servers: dict[str, InProcess],
         done = got[4][1]
         assert done["status"] == "failed" and sleeps == [] and len(r.fault_requests()) == 1
         [record] = await r.usage_records(done["turn_id"])
-        assert (record.usage.input_tokens, record.usage.output_tokens) == (1234, 1)
+        assert (record.usage.input_tokens, record.usage.output_tokens, record.estimated) == (1234, 8, True)
         assert Decimal(done["cost"]["billed"]) == record.billed_cost
         assert not LEAK.search(res.text)
 

@@ -13,6 +13,10 @@ from agentvm.adapters.local.local_process import Host, Isolation, probe_host
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="needs a server running as root (tools then drop to another uid)")
+# Not root and no bubblewrap: tools run only with the explicit unsafe opt-in. The tests of what the other
+# layers (limits, env, path confinement) still do there opt in; tests/sandbox/test_tool_sandbox.py shows
+# the refusal without it. As root the opt-in changes nothing (the uid drop isolates).
+UNSAFE_IF_NOT_ROOT = not ROOT
 
 # Tool uids for tests: unused numbers, one per test so process counts and file modes are exact.
 _uids = itertools.count(61000 + (os.getpid() % 500) * 20)

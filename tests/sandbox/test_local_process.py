@@ -17,13 +17,14 @@ from agentvm.adapters.local import local_process
 from agentvm.adapters.local.local_process import TOOL_NICENESS, Host, Isolation, LocalProcessRunner, probe_host
 from agentvm.errors import AgentVMError, InvalidRequest
 from agentvm.sandbox import Limits, Runtime, Workspace
-from tests.sandbox.conftest import ROOT, needs_root, user_tasks
+from tests.sandbox.conftest import ROOT, UNSAFE_IF_NOT_ROOT, needs_root, user_tasks
 
 QUICK = Limits(timeout_s=10)
 
 
 async def _runtime(base: Path, uid: int, isolation: Isolation, **runner: object) -> Runtime:
     ws = await Workspace.open(base / "c1", owner=(uid, uid))
+    runner.setdefault("unsafe_unsandboxed", UNSAFE_IF_NOT_ROOT)
     return Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation, **runner))  # type: ignore[arg-type]
 
 
@@ -211,6 +212,7 @@ async def test_cwd_is_confined(base: Path, tool_uid: int) -> None:
         assert info.value.field == "cwd"
 
 
+@needs_root  # not root without bubblewrap: refused unless opted in (test_tool_sandbox.py)
 async def test_one_warning_when_bwrap_is_not_usable(base: Path, tool_uid: int, caplog: pytest.LogCaptureFixture,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     without = dataclasses.replace(probe_host(), bwrap=None, bwrap_problem="bwrap is not installed")

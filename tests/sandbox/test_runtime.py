@@ -10,7 +10,7 @@ import pytest
 
 from agentvm.adapters.local.local_process import Isolation, LocalProcessRunner
 from agentvm.sandbox import SAFE_PATH, Limits, Runtime, Workspace, tool_env
-from tests.sandbox.conftest import ROOT, needs_root
+from tests.sandbox.conftest import ROOT, UNSAFE_IF_NOT_ROOT, needs_root
 
 QUICK = Limits(timeout_s=10)
 
@@ -41,7 +41,7 @@ async def test_a_tool_sees_none_of_the_server_environment(base: Path, tool_uid: 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-value")
     monkeypatch.setenv("AVM_DATA_DIR", "/root/.agentvm")
     ws = await Workspace.open(base / "c1", owner=(tool_uid, tool_uid))
-    rt = Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation))
+    rt = Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation, unsafe_unsandboxed=UNSAFE_IF_NOT_ROOT))
     result = await rt.exec("env", limits=QUICK)
     assert result.exit_code == 0, result
     seen = dict(line.split("=", 1) for line in result.stdout.decode().splitlines())
@@ -59,7 +59,8 @@ async def test_a_tool_sees_none_of_the_server_environment(base: Path, tool_uid: 
 async def test_runtime_runs_bash_in_its_cwd(base: Path, tool_uid: int, isolation: Isolation) -> None:
     ws = await Workspace.open(base / "c1", owner=(tool_uid, tool_uid))
     await ws.fs.mkdir("projects/app")
-    rt = Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation), cwd="projects/app")
+    runner = LocalProcessRunner(ws.root, isolation=isolation, unsafe_unsandboxed=UNSAFE_IF_NOT_ROOT)
+    rt = Runtime(ws, runner, cwd="projects/app")
     assert rt.shell.endswith("/bash")
     result = await rt.exec('pwd; echo "$BASH_VERSION" | cut -c1; echo made > out.txt; touch "$TMPDIR/t" "$HOME/h"',
                            limits=QUICK)
@@ -77,7 +78,7 @@ async def test_runtime_runs_bash_in_its_cwd(base: Path, tool_uid: int, isolation
 async def test_the_tool_uid_can_change_what_the_agent_wrote(base: Path, tool_uid: int, isolation: Isolation) -> None:
     ws = await Workspace.open(base / "c1", owner=(tool_uid, tool_uid))
     await ws.fs.write_bytes("projects/notes.txt", b"one\n")
-    rt = Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation))
+    rt = Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation, unsafe_unsandboxed=UNSAFE_IF_NOT_ROOT))
     result = await rt.exec("id -u; echo two >> projects/notes.txt", limits=QUICK)
     assert result.exit_code == 0, result
     assert result.stdout.decode().strip() == str(tool_uid)

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,10 +46,11 @@ class InProcess:
 
 
 @contextlib.asynccontextmanager
-async def in_process(data_dir: Path, *, driver: Driver | None = None, **settings: Any) -> AsyncIterator[InProcess]:
+async def in_process(data_dir: Path, *, driver: Driver | None = None, free_bytes: Callable[[], int] | None = None,
+                     **settings: Any) -> AsyncIterator[InProcess]:
     port = free_port()
     cfg = Settings(host="127.0.0.1", port=port, data_dir=data_dir, **settings)
-    rt = build_runtime(cfg, driver=driver)
+    rt = build_runtime(cfg, driver=driver, free_bytes=free_bytes)
     config = uvicorn_config(rt)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
@@ -66,6 +67,26 @@ async def in_process(data_dir: Path, *, driver: Driver | None = None, **settings
         server.should_exit = True
         await asyncio.wait_for(task, 30)
 
+
+
+@contextlib.asynccontextmanager
+async def with_anthropic_driver(data_dir: Path, kind: str, settings: dict[str, Any]) -> AsyncIterator[InProcess]:
+    """`avm serve` in-process with an Anthropic key (in `settings`, with its base URL): the `sdk` kind runs
+    the driver `avm serve` builds itself, the `lite` kind the one the function tier's composition root
+    builds."""
+    from agentvm.cloud.runtime import build_driver as build_function_tier_driver
+    from avm.app import build_driver as build_serve_driver
+
+    if kind == "sdk":
+        driver = build_serve_driver(Settings(**settings))
+    else:
+        driver = build_function_tier_driver(Settings(**settings), str(settings["llm_api_key"]))
+    assert type(driver).__name__ == {"sdk": "AnthropicDriver", "lite": "AnthropicLiteDriver"}[kind]
+    try:
+        async with in_process(data_dir, driver=driver, **settings) as srv:
+            yield srv
+    finally:
+        await driver.aclose()  # type: ignore[attr-defined]
 
 @dataclass
 class ServeProcess:

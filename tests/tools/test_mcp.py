@@ -440,7 +440,7 @@ def test_sandboxed_argv_builds_the_launcher_chain_without_a_cgroup() -> None:
         pytest.skip("util-linux's prlimit is not installed: there is no launcher chain to check")
     with tempfile.TemporaryDirectory(prefix="avm-mcp-", dir="/tmp") as tmp:
         Path(tmp, "sub").mkdir()
-        runner = LocalProcessRunner(Path(tmp), isolation="none", run_as=(61999, 61999))
+        runner = LocalProcessRunner(Path(tmp), isolation="none", run_as=(61999, 61999), unsafe_unsandboxed=not ROOT)
         argv, workdir = asyncio.run(runner.sandboxed_argv(["srv", "--stdio"], cwd="sub", limits=Limits(processes=7)))
         assert workdir == os.path.realpath(Path(tmp, "sub"))
         assert argv[0] == host.prlimit and "--nproc=7:7" in argv and argv[-2:] == ["srv", "--stdio"]
@@ -453,7 +453,7 @@ def test_sandboxed_argv_builds_the_launcher_chain_without_a_cgroup() -> None:
         with pytest.raises(InvalidRequest):
             asyncio.run(runner.sandboxed_argv(["srv"], cwd="/etc", limits=Limits()))
         # without the exec launcher: refused as root (no uid drop), the bare command otherwise
-        plain = LocalProcessRunner(Path(tmp), isolation="none", launcher="preexec")
+        plain = LocalProcessRunner(Path(tmp), isolation="none", launcher="preexec", unsafe_unsandboxed=not ROOT)
         if ROOT:
             with pytest.raises(AgentVMError, match="prlimit"):
                 asyncio.run(plain.sandboxed_argv(["srv"], cwd=".", limits=Limits()))
@@ -480,7 +480,8 @@ async def test_a_sandboxed_stdio_server(base: Path, pool: McpPool, isolation: Is
         _site_packages_for_the_fixture(lib)
         shutil.copy(FIXTURE, ws.root / "temp" / FIXTURE.name)
         script, env = str(ws.root / "temp" / FIXTURE.name), {"PYTHONPATH": str(lib)}
-    runner = LocalProcessRunner(ws.root, isolation=isolation, run_as=(uid, uid))
+    # not root, `none`: unconfined, so only with the explicit unsafe opt-in
+    runner = LocalProcessRunner(ws.root, isolation=isolation, run_as=(uid, uid), unsafe_unsandboxed=not ROOT)
     launcher = functools.partial(runner.sandboxed_argv, limits=Limits(cpu_s=120, memory_bytes=4 << 30))
     servers = {"box": stdio_server("box", command=python, args=[script], env=env)}
     tools = await pool.tools(("t1", "c1"), servers, cwd=ws.root, env={**BASE_ENV, "HOME": str(ws.root)},

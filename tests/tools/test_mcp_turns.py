@@ -67,7 +67,9 @@ async def test_a_stdio_mcp_tool_is_called_by_the_model(base: Path) -> None:
         pytest.skip("util-linux's prlimit (and setpriv as root) are needed to start a sandboxed server")
     driver = ScriptedDriver(parse_script(SCRIPT))
     # bubblewrap would hide the fixture's packages outside the workspace; the uid and the rlimits hold
-    async with in_process(base / "data", driver=driver, sandbox_isolation="none") as srv, \
+    # not root: `none` is unconfined, so it runs only with the explicit unsafe opt-in
+    async with in_process(base / "data", driver=driver, sandbox_isolation="none",
+                          unsafe_unsandboxed_tools=os.geteuid() != 0) as srv, \
             StockClient(srv.url) as client:
         tier = srv.runtime.container_tier
         image = await client.new_image("c-mcp", mcpServers={"fixture": server_config(base)})

@@ -14,6 +14,7 @@ import pytest
 
 from agentvm.adapters.local.local_process import probe_host
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
+from tests.support.sandbox_hosts import force_host
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient
 
@@ -56,13 +57,17 @@ def data(traversable_dir: Path) -> Path:
     return traversable_dir / "data"
 
 
-@pytest.fixture(params=["none", "bwrap"])
-def isolation(request: pytest.FixtureRequest) -> str:
+@pytest.fixture(params=["none", "bwrap", "auto-forced-no-bwrap"])
+def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     host = probe_host()
     if request.param == "bwrap" and host.bwrap is None:
         pytest.skip(f"bubblewrap not usable here: {host.bwrap_problem}")
-    if request.param == "none" and os.geteuid() != 0:
+    if request.param != "bwrap" and os.geteuid() != 0:
+        # not root and no bubblewrap: refused unless opted in (tests/tools/test_unsandboxed_host.py)
         pytest.skip("without bubblewrap, isolation between containers needs a server running as root")
+    if request.param == "auto-forced-no-bwrap":  # the default setting on a root host without bubblewrap
+        force_host(monkeypatch, "no-bwrap")
+        return "auto"
     return str(request.param)
 
 

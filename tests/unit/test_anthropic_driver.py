@@ -25,6 +25,7 @@ from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
 from agentvm.drivers.anthropic_sdk import AnthropicDriver
 from agentvm.drivers.base import (
     DriverEvent,
+    HiddenOutput,
     InputJsonDelta,
     LLMRequest,
     MessageStart,
@@ -32,6 +33,7 @@ from agentvm.drivers.base import (
     TextDelta,
     ToolUseStart,
     ToolUseStop,
+    UsageUpdate,
 )
 from agentvm.drivers.sse import SSEEvent, SSEParser, aiter_sse
 from agentvm.errors import UpstreamError
@@ -147,6 +149,7 @@ async def test_text_reply(fake: FakeAnthropic, driver: Driver) -> None:
         TextDelta("Hel"),
         TextDelta("lo"),
         TextDelta(" world"),
+        UsageUpdate(Usage(25, 12, 100, 50)),
         MessageStop("end_turn", Usage(25, 12, 100, 50)),
     ]
 
@@ -173,11 +176,13 @@ async def test_tool_use(fake: FakeAnthropic, driver: Driver) -> None:
         ToolUseStart("toolu_01", "get_weather"),
         *[InputJsonDelta(piece) for piece in pieces],
         ToolUseStop("toolu_01", "get_weather", {"city": "Paris", "units": ["metric", "c"]}),
+        UsageUpdate(Usage(40, 17, 0, 0)),
         MessageStop("tool_use", Usage(40, 17, 0, 0)),
     ]
 
 
-async def test_multi_block_text_then_tools_ignores_thinking(fake: FakeAnthropic, driver: Driver) -> None:
+async def test_multi_block_text_then_tools_counts_thinking_but_does_not_show_it(fake: FakeAnthropic,
+                                                                                driver: Driver) -> None:
     fake.enqueue(Reply(
         [Thinking(["Let me ", "check."]), Text(["Checking ", "both."]),
          ToolUse("toolu_a", "read", {"path": "/a"}, partial_json=['{"path"', ': "/a"}']),
@@ -188,6 +193,8 @@ async def test_multi_block_text_then_tools_ignores_thinking(fake: FakeAnthropic,
 
     assert events == [
         MessageStart("msg_m", MODEL, Usage(8, 1, 0, 0)),
+        HiddenOutput(len("Let me ")),
+        HiddenOutput(len("check.")),
         TextDelta("Checking "),
         TextDelta("both."),
         ToolUseStart("toolu_a", "read"),
@@ -197,6 +204,7 @@ async def test_multi_block_text_then_tools_ignores_thinking(fake: FakeAnthropic,
         ToolUseStart("toolu_b", "list"),
         InputJsonDelta("{}"),
         ToolUseStop("toolu_b", "list", {}),
+        UsageUpdate(Usage(8, 30, 0, 0)),
         MessageStop("tool_use", Usage(8, 30, 0, 0)),
     ]
 
@@ -495,7 +503,7 @@ async def test_lite_retries_a_429_after_its_retry_after(fake: FakeAnthropic, sle
         await driver.aclose()
 
     assert events == [MessageStart("msg_r", MODEL, Usage(10, 1, 0, 0)), TextDelta("after "), TextDelta("retry"),
-                      MessageStop("end_turn", Usage(10, 5, 0, 0))]
+                      UsageUpdate(Usage(10, 5, 0, 0)), MessageStop("end_turn", Usage(10, 5, 0, 0))]
     assert len(fake.requests) == 2
     assert sleeps == [0.0]
 

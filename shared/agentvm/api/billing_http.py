@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
 from pydantic.alias_generators import to_camel
 
 from agentvm.ids import MAX_EPOCH_MS, now_ms
@@ -17,13 +17,20 @@ JSON = dict[str, Any]
 DAY_MS = 86_400_000
 
 
+def _not_boolean(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be a decimal amount in USD, such as \"25.00\", not a boolean")
+    return value
+
+
 class BudgetBody(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
     key_id: str | None = Field(None, min_length=1, max_length=200,
                                description="a key of the tenant; none: the tenant's own budget")
-    monthly_budget: str | float | int | None = Field(
+    # a boolean is not an amount or a count (lax validation would make true a 1)
+    monthly_budget: Annotated[str | float | int | None, BeforeValidator(_not_boolean)] = Field(
         None, description="billed USD per calendar month (UTC), decimal text such as \"25.00\"")
-    requests_per_minute: int | None = Field(None, description="turns started per minute")
+    requests_per_minute: StrictInt | None = Field(None, description="turns started per minute")
 
 
 def billing_router(billing: Callable[[], BillingService],

@@ -1,29 +1,33 @@
 """The FastAPI application: health and the management API (`/v1/resources`; more in later issues).
 
 Errors have one shape everywhere: `{"error": {"code", "message", "field"?}}`, request validation
-included (400 naming the field, not FastAPI's 422 list)."""
+included (400 naming the field, not FastAPI's 422 list). Every request passes the gate first
+(api/request_gate.py): its API key, then its body's size, before anything reads the body."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 
 from agentvm import __version__
 from agentvm.api.config_http import config_router
 from agentvm.api.images_http import images_router
+from agentvm.api.request_gate import BodyLimit, RequestGate, error_response, resolved_once
 from agentvm.api.resources_http import resources_router
 from agentvm.api.search_http import search_router
 from agentvm.api.sessions_http import sessions_router
 from agentvm.domain.models import Principal
-from agentvm.errors import AgentVMError
+from agentvm.errors import AgentVMError, PayloadTooLarge
 from agentvm.services.bundle import Services
 from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
@@ -52,8 +56,12 @@ class HttpApi:
     # for its health check
     chat: Callable[[], ChatService] | None = None
     probe: Callable[[], Awaitable[object]] | None = None
-    # the largest session archive /v1/sessions/import accepts (None: AVM_ARCHIVE_MAX_BYTES)
+    # the largest session archive /v1/sessions/import accepts (None: AVM_ARCHIVE_MAX_BYTES), and
+    # where it is spooled while it arrives (None: the system's temporary directory)
     archive_max_bytes: int | None = None
+    spool_dir: Path | None = None
+    # the largest body of any other request (None: AVM_HTTP_MAX_BODY_BYTES)
+    max_body_bytes: int | None = None
     # /v1/auth/keys: the key store's service, and who manages keys (a tenant, admin or not)
     keys: Callable[[], KeyService] | None = None
     key_caller: Callable[[Request], Awaitable[Caller]] | None = None
@@ -63,6 +71,10 @@ class HttpApi:
     # `admin_for`), and the store whose turn log /v1/logs reads
     metrics: Callable[[], TurnMetrics] | None = None
     turn_log: Callable[[], Store] | None = None
+    # fields /health adds (avm serve: the tool sandbox when it does not isolate, docs/security.md)
+    health_extra: Callable[[], dict[str, Any]] | None = None
+    # what is wrong now (avm serve: storage failures); any → /health says "degraded" and lists them
+    health_problems: Callable[[], Awaitable[list[str]]] | None = None
 
 
 # Every error answer, request validation included: declared for each operation of the OpenAPI
@@ -92,6 +104,31 @@ def _declare_errors(doc: dict[str, Any]) -> None:
             responses.pop("422", None)
             for status, description in ERROR_STATUSES.items():
                 responses.setdefault(str(status), {"description": description, **ref})
+
+
+def _limit(value: int | None, setting: str) -> Callable[[], int]:
+    """A body limit: `value`, or (None) the setting of the environment, read once when first needed."""
+    known: list[int] = [] if value is None else [value]
+
+    def limit() -> int:
+        if not known:
+            from agentvm.config import Settings
+
+            known.append(int(getattr(Settings(), setting)))
+        return known[0]
+
+    return limit
+
+
+def _body_too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"body: larger than this server's limit of {limit} bytes (AVM_HTTP_MAX_BODY_BYTES)",
+                           field="body")
+
+
+def _public_paths(app: FastAPI) -> set[str]:
+    """What needs no API key: the health checks and the API's description."""
+    paths = {"/health", app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+    return {path for path in paths if path}
 
 
 def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
@@ -132,46 +169,71 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
 
     @app.exception_handler(AgentVMError)
     async def _agentvm_error(_request: Request, exc: AgentVMError) -> JSONResponse:
-        body: dict[str, Any] = {"error": {"code": exc.code, "message": exc.message}}
-        if exc.field:
-            body["error"]["field"] = exc.field
-        return JSONResponse(body, status_code=exc.http_status)
+        return error_response(exc)
+
+    routes: list[BaseRoute] = []  # what the gate authenticates by (the routers' own routes)
+
+    def include(router: APIRouter) -> None:
+        app.include_router(router)
+        routes.extend(router.routes)
+
+    body_limit = _limit(api.max_body_bytes if api else None, "http_max_body_bytes")
+    archive_limit = _limit(api.archive_max_bytes if api else None, "archive_max_bytes")
+    principal_for: Callable[[Request], Awaitable[Principal]] | None = None
+    callers: list[Callable[[Request], Awaitable[Any]]] = []
+    limits: dict[str, BodyLimit] = {}  # by route path; any other route: `body_limit`
 
     @app.get("/health", tags=["ops"])
-    async def health() -> dict[str, str]:
-        return {"status": "ok", "version": __version__}
+    async def health() -> dict[str, Any]:
+        answer: dict[str, Any] = {"status": "ok", "version": __version__}
+        if api is not None and api.health_extra is not None:
+            answer.update(api.health_extra())
+        if api is not None and api.health_problems is not None and (problems := await api.health_problems()):
+            answer["status"] = "degraded"
+            answer["problems"] = [*answer.get("problems", []), *problems]
+        return answer
 
     if api is not None:
-        app.include_router(resources_router(api.resources, api.principal_for))
+        # every caller dependency runs once per request: first in the gate, before the body is read
+        principal_for = resolved_once(api.principal_for)
+        admin_for = None if api.admin_for is None else resolved_once(api.admin_for)
+        key_caller = None if api.key_caller is None else resolved_once(api.key_caller)
+        callers = [c for c in (principal_for, admin_for, key_caller) if c is not None]
+        include(resources_router(api.resources, principal_for))
         if api.services is not None:
-            app.include_router(images_router(api.services, api.principal_for))
+            include(images_router(api.services, principal_for))
             # fixed paths (/v1/sessions/search, /v1/sessions/import) before /v1/sessions/{id}
-            app.include_router(search_router(api.services, api.principal_for))
-            from agentvm.api.archive_http import archive_router
+            include(search_router(api.services, principal_for))
+            from agentvm.api.archive_http import IMPORT_PATH, archive_router
+            from agentvm.services.session_archive import too_large
 
-            app.include_router(archive_router(api.services, api.principal_for, api.archive_max_bytes))
-            app.include_router(sessions_router(api.services, api.principal_for))
+            include(archive_router(api.services, principal_for, archive_limit, api.spool_dir))
+            limits[IMPORT_PATH] = BodyLimit(archive_limit, too_large)
+            include(sessions_router(api.services, principal_for))
         if api.config is not None:
-            app.include_router(config_router(api.config, api.admin_for or api.principal_for))
-        if api.keys is not None and api.key_caller is not None:
+            include(config_router(api.config, admin_for or principal_for))
+        if api.keys is not None and key_caller is not None:
             from agentvm.api.keys_http import keys_router
 
-            app.include_router(keys_router(api.keys, api.key_caller))
-        if api.billing is not None and api.key_caller is not None:
+            include(keys_router(api.keys, key_caller))
+        if api.billing is not None and key_caller is not None:
             from agentvm.api.billing_http import billing_router
 
-            app.include_router(billing_router(api.billing, api.key_caller))
+            include(billing_router(api.billing, key_caller))
         if api.chat is not None:
             from agentvm.api.chat_sse import chat_router
 
             probe = api.probe
             if probe is None:
                 raise ValueError("the chat API needs a store probe for its health check")
-            app.include_router(chat_router(api.chat, api.principal_for, probe=probe))
+            include(chat_router(api.chat, principal_for, probe=probe))
         if api.metrics is not None or api.turn_log is not None:
             from agentvm.api.ops_http import ops_router
 
-            app.include_router(ops_router(api.principal_for, metrics=api.metrics, admin_for=api.admin_for,
-                                          turn_log=api.turn_log))
+            include(ops_router(principal_for, metrics=api.metrics, admin_for=admin_for, turn_log=api.turn_log))
+    app.add_middleware(RequestGate, routes=lambda: routes, public=_public_paths(app), callers=callers,
+                       default_caller=principal_for,
+                       default_limit=BodyLimit(body_limit, _body_too_large),
+                       limits=limits)
     return app
 

@@ -78,11 +78,15 @@ class CommandRouter:
 
     async def handle_frame(self, principal: Principal, connection_id: str, text: str | bytes) -> None:
         frame = classify(text)
-        if frame.kind == "invalid":  # ignored (spec §1.2), unless JSON the parser refused holds a request
+        if frame.kind == "invalid":  # ignored (spec §1.2), unless it is JSON the parser refused
             refused = refused_request(text)
-            if refused is not None:
-                self._fail(connection_id, refused.name, refused.request_id,
-                           InvalidRequest(refused.message, field=refused.field), None)
+            if refused is None:
+                return
+            error = InvalidRequest(refused.message, field=refused.field)
+            if refused.name is not None and refused.request_id is not None:
+                self._fail(connection_id, refused.name, refused.request_id, error, None)
+            else:  # no requestId to answer: say why in a system_error, as for a readable frame
+                self._system_error(connection_id, error, None, None)
             return
         if frame.kind in ("ack", "auth"):
             return  # ACKs are transport-level; auth at the edge

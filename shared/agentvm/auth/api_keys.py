@@ -48,7 +48,9 @@ def require_operator(key: ApiKey) -> None:
 MAX_TOKEN_LENGTH: Final = 256
 MAX_NAME_LENGTH: Final = 200
 
+# a WebSocket upgrade takes either; HTTP reads the header only (`http_token`)
 MISSING_TOKEN: Final = "API key required: send `Authorization: Bearer <key>` or `?token=<key>`"
+MISSING_HTTP_TOKEN: Final = "API key required: send the header `Authorization: Bearer <key>`"
 INVALID_TOKEN: Final = "Invalid API key"
 REVOKED: Final = "API key revoked"
 EXPIRED: Final = "API key expired"
@@ -135,6 +137,15 @@ def extract_token(headers: Mapping[str, str] | None, query: Mapping[str, str] | 
     if isinstance(param, str) and param.strip():
         return param.strip()
     return None
+
+
+def http_token(headers: Mapping[str, str]) -> str:
+    """The token of an HTTP request, from `Authorization: Bearer` only (a key in a URL ends up in
+    access logs): `Unauthorized` without one."""
+    token = extract_token(headers, None)
+    if token is None:
+        raise Unauthorized(MISSING_HTTP_TOKEN)
+    return token
 
 
 class Authenticator:

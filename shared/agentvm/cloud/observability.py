@@ -128,12 +128,14 @@ LOGGER, _HANDLER = _build_logger()
 
 
 def install_root_handler(level: str | None = None) -> None:
-    """Make the powertools handler the root logger's only handler (done at import in Lambda)."""
+    """Make the powertools handler the root logger's only handler (done at import in Lambda), and turn
+    the HTTP client libraries' request logging (full URLs, query tokens included) down to WARNING."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(_HANDLER)
     root.setLevel((level or _level()).upper())
+    logs.quiet_libraries()
 
 
 if in_lambda():

@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import botocore.session
+
 from agentvm.adapters.aws.apigw_gateway import MAX_FRAME_BYTES, ApiGatewayGateway
 from agentvm.adapters.aws.aws_env import SecretLLMProvider, SecretValues
 from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
@@ -98,14 +100,21 @@ class Invocation:
 
 
 class CloudRuntime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, session: botocore.session.Session | None = None,
+                 tenant_scope: str | None = None, secrets_session: botocore.session.Session | None = None) -> None:
+        """`session`: where every AWS client gets its credentials (None: the environment's default).
+        The container task passes its tenant-scoped session (adapters/aws/tenant_scope.py) with
+        `tenant_scope`, its tenant: then nothing here touches a table item outside that tenant's
+        keys; `secrets_session` reads the LLM key (the task role's, before it is dropped)."""
         if not settings.table_name:
             raise InvalidRequest("AVM_TABLE_NAME is not set: the cloud runtime needs its DynamoDB table",
                                  field="table_name")
         self.settings = settings
-        self.store = DynamoDBStore(settings.table_name, endpoint_url=settings.aws_endpoint_url,
+        self.session = session
+        self.secrets_session = secrets_session or session
+        self.store = DynamoDBStore(settings.table_name, session=session, endpoint_url=settings.aws_endpoint_url,
                                    region_name=settings.aws_region)
-        self.registry = DynamoDBConnections(self.store)
+        self.registry = DynamoDBConnections(self.store, tenant_scope=tenant_scope)
         self.leases = DynamoDBLeases(self.store)
         self.key_store = DynamoDBKeys(self.store)
         self.authenticator = Authenticator(self.key_store)
@@ -123,9 +132,9 @@ class CloudRuntime:
         # each) cost less than an S3 PUT ($5 per million) plus the GET and the reference frame.
         offload = None
         if s.bucket:
-            offload = S3FrameOffload(S3BlobStore(s.bucket, prefix="tmp", endpoint_url=s.aws_endpoint_url,
-                                                 region_name=s.aws_region))
-        return ApiGatewayGateway(s.ws_endpoint, region_name=s.aws_region, blobs=offload,
+            offload = S3FrameOffload(S3BlobStore(s.bucket, prefix="tmp", session=self.session,
+                                                 endpoint_url=s.aws_endpoint_url, region_name=s.aws_region))
+        return ApiGatewayGateway(s.ws_endpoint, session=self.session, region_name=s.aws_region, blobs=offload,
                                  inline_limit=MAX_FRAME_BYTES)
 
     @functools.cached_property
@@ -133,8 +142,8 @@ class CloudRuntime:
         s = self.settings
         if not s.chat_turn_function:
             raise InvalidRequest("AVM_CHAT_TURN_FUNCTION is not set: cannot start turns", field="chat_turn_function")
-        return LambdaDispatcher(s.chat_turn_function, endpoint_url=s.lambda_endpoint_url or s.aws_endpoint_url,
-                                region_name=s.aws_region)
+        return LambdaDispatcher(s.chat_turn_function, session=self.session,
+                                endpoint_url=s.lambda_endpoint_url or s.aws_endpoint_url, region_name=s.aws_region)
 
     @functools.cached_property
     def container_tier(self) -> EcsContainerTier | None:
@@ -145,14 +154,16 @@ class CloudRuntime:
         from agentvm.adapters.aws.clients import LazyClient
         from agentvm.adapters.aws.ecs_tasks import EcsContainerTier
 
-        ecs = LazyClient("ecs", endpoint_url=s.ecs_endpoint_url or s.aws_endpoint_url, region_name=s.aws_region)
+        ecs = LazyClient("ecs", session=self.session, endpoint_url=s.ecs_endpoint_url or s.aws_endpoint_url,
+                         region_name=s.aws_region)
         return EcsContainerTier(self.store, ecs, cluster=s.ecs_cluster, task_definition=s.ecs_task_definition,
                                 subnets=_csv(s.ecs_subnets), security_groups=_csv(s.ecs_security_groups),
                                 container_name=s.ecs_container_name, heartbeat_ttl_s=s.worker_heartbeat_ttl_s)
 
     @functools.cached_property
     def secrets(self) -> SecretValues:
-        return SecretValues(endpoint_url=self.settings.aws_endpoint_url, region_name=self.settings.aws_region)
+        return SecretValues(session=self.secrets_session, endpoint_url=self.settings.aws_endpoint_url,
+                            region_name=self.settings.aws_region)
 
     @functools.cached_property
     def llm(self) -> SecretLLMProvider:
@@ -172,7 +183,8 @@ class CloudRuntime:
         from agentvm.adapters.local.local_env import ProcessEnv
         from agentvm.services.config import from_settings
 
-        store = SsmConfigStore(s.config_path, self.store, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region)
+        store = SsmConfigStore(s.config_path, self.store, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region,
+                               session=self.session)
         return from_settings(s, store, ProcessEnv(), file=None)
 
     @functools.cached_property
@@ -258,16 +270,23 @@ class CloudRuntime:
 
             from agentvm.adapters.local.local_process import LocalProcessRunner
             from agentvm.sandbox.limits import Limits
+            from agentvm.sandbox.quota import DiskPolicy
             from agentvm.sandbox.uids import ToolUids
             from agentvm.tools.mcp import McpPool
             from agentvm.tools.provider import WorkspaceTools
 
             s = self.settings
+            # the workspace quota; no disk reserve: the task's disk holds no database (DynamoDB does)
+            disk = DiskPolicy(s.workspace_quota_bytes, 0)
             self._sandbox = WorkspaceTools(
-                self._disk(workspaces), ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation),
+                # the worker listens on no socket: where the platform grants no network namespace (Fargate)
+                # the uid drop alone keeps tools off the server's files (docs/security.md)
+                self._disk(workspaces), ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation,
+                                                   unsafe_unsandboxed=s.unsafe_unsandboxed_tools,
+                                                   private_network=False, disk=disk),
                 uids=ToolUids(workspaces / "tool-uids.json"), limits=Limits(timeout_s=s.tool_timeout_s),
                 preview_bytes=s.tool_preview_bytes, mcp=McpPool(idle_s=s.mcp_idle_s, call_timeout_s=s.tool_timeout_s),
-                store=self.store, http_allow_private=s.http_tools_allow_private)
+                store=self.store, http_allow_private=s.http_tools_allow_private, disk_policy=disk)
         return self._sandbox
 
     def _disk(self, workspaces: Path) -> Any:
@@ -278,7 +297,8 @@ class CloudRuntime:
             s = self.settings
             if not s.bucket:
                 raise InvalidRequest("AVM_BUCKET is not set: the worker keeps workspaces in S3", field="bucket")
-            blobs = S3BlobStore(s.bucket, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region)
+            blobs = S3BlobStore(s.bucket, session=self.session, endpoint_url=s.aws_endpoint_url,
+                                region_name=s.aws_region)
             self._workspace_disk = S3Disk(s.bucket, workspaces, blobs.s3)
         return self._workspace_disk
 

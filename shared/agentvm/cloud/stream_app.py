@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Self
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentvm.auth.api_keys import extract_token, require_operator
+from agentvm.auth.api_keys import http_token, require_operator
 from agentvm.domain.models import Principal
 from agentvm.errors import NotConfigured
 
@@ -290,14 +290,14 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
 
     async def principal_for(request: Request) -> Principal:
         scope = _scope()
-        p = await scope.rt.authenticator.authenticate(extract_token(request.headers, None))
+        p = await scope.rt.authenticator.authenticate(http_token(request.headers))
         if scope.principal is None:
             await scope.build(p)
         return p
 
     async def admin_for(request: Request) -> Principal:
         scope = _scope()
-        key = await scope.rt.authenticator.authenticate_key(extract_token(request.headers, None))
+        key = await scope.rt.authenticator.authenticate_key(http_token(request.headers))
         require_operator(key)
         return Principal(key.tenant_id, key.key_id)
 
@@ -327,7 +327,7 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
         return await _scope().rt.store.last_seq("health", "health")
 
     async def key_caller(request: Request) -> Caller:
-        key = await _scope().rt.authenticator.authenticate_key(extract_token(request.headers, None))
+        key = await _scope().rt.authenticator.authenticate_key(http_token(request.headers))
         return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
 
     def keys() -> KeyService:

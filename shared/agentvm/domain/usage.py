@@ -39,6 +39,9 @@ class UsageRecord:
     ended_at: int  # epoch ms: the charge time (its period is the billing month)
     sandbox_ms: int = 0
     currency: str = "USD"
+    # True when the output tokens are AgentVM's estimate, not the provider's count: the stream broke
+    # (or never reported its output) after output was streamed (docs/billing.md)
+    estimated: bool = False
 
     @property
     def duration_ms(self) -> int:
@@ -57,6 +60,7 @@ class UsageRecord:
             "listCost": format(self.list_cost, "f"), "billedCost": format(self.billed_cost, "f"),
             "currency": self.currency, "tier": self.tier, "status": self.status,
             "startedAt": self.started_at, "endedAt": self.ended_at, "durationMs": self.duration_ms,
+            "estimated": self.estimated,
         }
 
 

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentvm.domain.models import Usage
 from agentvm.drivers.base import JSON
 from agentvm.errors import UpstreamError
 
@@ -44,6 +46,42 @@ class ToolBlock:
         except ValueError:
             return {}
         return value if isinstance(value, dict) else {}
+
+
+# Anthropic's usage fields by the neutral Usage field they fill.
+_USAGE_FIELDS = (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
+                 ("cache_read_input_tokens", "cache_read_tokens"),
+                 ("cache_creation_input_tokens", "cache_write_tokens"))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def reported_usage(raw: Any, base: Usage) -> tuple[Usage, bool]:
+    """`base` updated by an Anthropic `usage` object (of `message_start` or `message_delta`): each
+    count it carries replaces base's, since the counts are cumulative; a count it leaves out (or an
+    absent `usage`) keeps base's. Also whether it carried `output_tokens`."""
+    if not isinstance(raw, Mapping):
+        return base, False
+    values = {ours: _count(raw.get(theirs)) for theirs, ours in _USAGE_FIELDS}
+    merged = Usage(**{ours: getattr(base, ours) if v is None else v for ours, v in values.items()})
+    return merged, values["output_tokens"] is not None
+
+
+def hidden_output_bytes(delta_type: Any, delta: Mapping[str, Any], *, tool_block: bool) -> int:
+    """The UTF-8 bytes of model output a content_block_delta carries that no driver event shows:
+    thinking, a server tool's input JSON (a client tool's input is an `InputJsonDelta`), a
+    compaction summary. Citations and signatures are not model output tokens: 0."""
+    if delta_type == "thinking_delta":
+        text = delta.get("thinking")
+    elif delta_type == "input_json_delta" and not tool_block:
+        text = delta.get("partial_json")
+    elif delta_type == "compaction_delta":
+        text = delta.get("content")
+    else:
+        return 0
+    return len(text.encode()) if isinstance(text, str) else 0
 
 
 def redact(text: str, api_key: str) -> str:

@@ -30,7 +30,9 @@ from agentvm.domain.models import Usage
 from agentvm.drivers.anthropic_common import (
     ToolBlock,
     connection_error,
+    hidden_output_bytes,
     malformed_response,
+    reported_usage,
     status_error,
     timeout_error,
     unexpected_error,
@@ -38,6 +40,7 @@ from agentvm.drivers.anthropic_common import (
 from agentvm.drivers.base import (
     JSON,
     DriverEvent,
+    HiddenOutput,
     InputJsonDelta,
     LLMRequest,
     MessageStart,
@@ -45,6 +48,7 @@ from agentvm.drivers.base import (
     TextDelta,
     ToolUseStart,
     ToolUseStop,
+    UsageUpdate,
 )
 from agentvm.drivers.sse import SSEParser
 from agentvm.errors import UpstreamError
@@ -134,8 +138,8 @@ class _EventMapper:
     """Maps the API's stream events (parsed JSON) one to one onto driver events."""
 
     def __init__(self) -> None:
-        self.start_usage = Usage()
-        self.final_usage: Usage | None = None
+        self.usage = Usage()
+        self.output_reported = False  # a message_delta reported output_tokens
         self.stop_reason: str | None = None
         self.tools: dict[int, ToolBlock] = {}
         self.stopped = False
@@ -144,15 +148,9 @@ class _EventMapper:
         kind = payload.get("type")
         if kind == "message_start":
             message = _dict(payload.get("message"))
-            u = _dict(message.get("usage"))
-            self.start_usage = Usage(
-                input_tokens=_int(u.get("input_tokens")),
-                output_tokens=_int(u.get("output_tokens")),
-                cache_read_tokens=_int(u.get("cache_read_input_tokens")),
-                cache_write_tokens=_int(u.get("cache_creation_input_tokens")),
-            )
+            self.usage, _ = reported_usage(message.get("usage"), Usage())
             return MessageStart(message_id=_str(message.get("id")), model=_str(message.get("model")),
-                                usage=self.start_usage)
+                                usage=self.usage)
         if kind == "content_block_start":
             block = _dict(payload.get("content_block"))
             if block.get("type") == "tool_use":
@@ -163,16 +161,18 @@ class _EventMapper:
         if kind == "content_block_delta":
             delta = _dict(payload.get("delta"))
             delta_type = delta.get("type")
+            tool_block = self.tools.get(_int(payload.get("index")))
             if delta_type == "text_delta":
                 text = _str(delta.get("text"))
                 return TextDelta(text=text) if text else None
-            if delta_type == "input_json_delta":
-                tool_block = self.tools.get(_int(payload.get("index")))
+            if delta_type == "input_json_delta" and tool_block is not None:
                 partial = _str(delta.get("partial_json"))
-                if tool_block is not None and partial:
+                if partial:
                     tool_block.parts.append(partial)
                     return InputJsonDelta(partial_json=partial)
-            return None
+                return None
+            hidden = hidden_output_bytes(delta_type, delta, tool_block=tool_block is not None)
+            return HiddenOutput(hidden) if hidden else None
         if kind == "content_block_stop":
             done = self.tools.pop(_int(payload.get("index")), None)
             if done is None:
@@ -182,19 +182,15 @@ class _EventMapper:
             stop_reason = _dict(payload.get("delta")).get("stop_reason")
             if isinstance(stop_reason, str):
                 self.stop_reason = stop_reason
-            du = _dict(payload.get("usage"))
-            base = self.final_usage or self.start_usage
-            self.final_usage = Usage(
-                input_tokens=_int(du.get("input_tokens"), base.input_tokens),
-                output_tokens=_int(du.get("output_tokens"), base.output_tokens),
-                cache_read_tokens=_int(du.get("cache_read_input_tokens"), base.cache_read_tokens),
-                cache_write_tokens=_int(du.get("cache_creation_input_tokens"), base.cache_write_tokens),
-            )
-            return None
+            raw = payload.get("usage")
+            self.usage, has_output = reported_usage(raw, self.usage)
+            self.output_reported = self.output_reported or has_output
+            return UsageUpdate(self.usage, has_output) if isinstance(raw, dict) else None
         if kind == "message_stop":
             self.stopped = True
-            return MessageStop(stop_reason=self.stop_reason or "end_turn", usage=self.final_usage or self.start_usage)
-        return None  # ping, thinking / signature / citation deltas, future event types
+            return MessageStop(stop_reason=self.stop_reason or "end_turn", usage=self.usage,
+                               usage_final=self.output_reported)
+        return None  # ping, signature / citation deltas, future event types
 
 
 class AnthropicLiteDriver:

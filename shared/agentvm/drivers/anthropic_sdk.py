@@ -1,7 +1,8 @@
 """The Anthropic driver, on the official `anthropic` SDK (streamed Messages API).
 
 Raw stream events are mapped one to one onto the neutral driver events; thinking and server-side
-blocks are dropped. Every failure surfaces as `UpstreamError` carrying Anthropic's error type as
+blocks are not shown, only counted (`HiddenOutput`) for the bill of a stream that breaks. Events
+without `usage` are tolerated. Every failure surfaces as `UpstreamError` carrying Anthropic's error type as
 its code. The API key is never part of an error message: messages that come from upstream are
 scrubbed of it, and SDK exceptions (whose request objects carry the key header) are not chained.
 """
@@ -21,13 +22,16 @@ from agentvm.domain.models import Usage
 from agentvm.drivers.anthropic_common import (
     ToolBlock,
     connection_error,
+    hidden_output_bytes,
     malformed_response,
+    reported_usage,
     status_error,
     timeout_error,
     unexpected_error,
 )
 from agentvm.drivers.base import (
     DriverEvent,
+    HiddenOutput,
     InputJsonDelta,
     LLMRequest,
     MessageStart,
@@ -35,6 +39,7 @@ from agentvm.drivers.base import (
     TextDelta,
     ToolUseStart,
     ToolUseStop,
+    UsageUpdate,
 )
 from agentvm.errors import UpstreamError
 
@@ -94,8 +99,8 @@ class AnthropicDriver:
             extra_body={"temperature": request.temperature} if request.temperature is not None else None,
             stream=True,
         )
-        start_usage = Usage()
-        final_usage: Usage | None = None
+        usage = Usage()
+        output_reported = False  # a message_delta reported output_tokens
         stop_reason: str | None = None
         tools: dict[int, ToolBlock] = {}
         stopped = False
@@ -105,14 +110,8 @@ class AnthropicDriver:
                     continue  # nothing follows message_stop; drain to release the connection
                 if event.type == "message_start":
                     message = event.message
-                    u = message.usage
-                    start_usage = Usage(
-                        input_tokens=u.input_tokens,
-                        output_tokens=u.output_tokens,
-                        cache_read_tokens=u.cache_read_input_tokens or 0,
-                        cache_write_tokens=u.cache_creation_input_tokens or 0,
-                    )
-                    yield MessageStart(message_id=message.id, model=message.model, usage=start_usage)
+                    usage, _ = reported_usage(_plain(getattr(message, "usage", None)), Usage())
+                    yield MessageStart(message_id=message.id, model=message.model, usage=usage)
                 elif event.type == "content_block_start":
                     block = event.content_block
                     if block.type == "tool_use":
@@ -121,38 +120,36 @@ class AnthropicDriver:
                         yield ToolUseStart(tool_call_id=block.id, name=block.name)
                 elif event.type == "content_block_delta":
                     delta = event.delta
+                    tool = tools.get(event.index)
                     if delta.type == "text_delta":
                         if delta.text:
                             yield TextDelta(text=delta.text)
-                    elif delta.type == "input_json_delta":
-                        tool = tools.get(event.index)
-                        if tool is not None and delta.partial_json:
+                    elif delta.type == "input_json_delta" and tool is not None:
+                        if delta.partial_json:
                             tool.parts.append(delta.partial_json)
                             yield InputJsonDelta(partial_json=delta.partial_json)
+                    else:
+                        hidden = hidden_output_bytes(delta.type, _plain(delta), tool_block=tool is not None)
+                        if hidden:
+                            yield HiddenOutput(hidden)
                 elif event.type == "content_block_stop":
                     tool = tools.pop(event.index, None)
                     if tool is not None:
                         yield ToolUseStop(tool_call_id=tool.tool_call_id, name=tool.name,
                                           input=tool.parsed_input())
                 elif event.type == "message_delta":
-                    if event.delta.stop_reason is not None:
-                        stop_reason = event.delta.stop_reason
-                    du = event.usage
-                    base = final_usage or start_usage
-                    final_usage = Usage(
-                        input_tokens=du.input_tokens if du.input_tokens is not None else base.input_tokens,
-                        output_tokens=du.output_tokens,
-                        cache_read_tokens=(du.cache_read_input_tokens
-                                           if du.cache_read_input_tokens is not None
-                                           else base.cache_read_tokens),
-                        cache_write_tokens=(du.cache_creation_input_tokens
-                                            if du.cache_creation_input_tokens is not None
-                                            else base.cache_write_tokens),
-                    )
+                    stop = getattr(event.delta, "stop_reason", None)
+                    if stop is not None:
+                        stop_reason = stop
+                    raw = _plain(getattr(event, "usage", None))
+                    usage, has_output = reported_usage(raw, usage)
+                    output_reported = output_reported or has_output
+                    if raw:
+                        yield UsageUpdate(usage, has_output)
                 elif event.type == "message_stop":
                     stopped = True
-                    yield MessageStop(stop_reason=stop_reason or "end_turn",
-                                      usage=final_usage or start_usage)
+                    yield MessageStop(stop_reason=stop_reason or "end_turn", usage=usage,
+                                      usage_final=output_reported)
         if not stopped:
             raise UpstreamError("The Anthropic stream ended before message_stop",
                                 code="connection_error", retryable=True)
@@ -169,3 +166,12 @@ class AnthropicDriver:
         if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
             return malformed_response()
         return unexpected_error(exc, self._api_key)
+
+
+def _plain(value: object) -> dict[str, object]:
+    """An SDK object's fields that the stream carried, as a dict ({} for None: a `usage` the event
+    left out)."""
+    if value is None:
+        return {}
+    dump = getattr(value, "model_dump", None)
+    return dict(dump(exclude_none=True)) if callable(dump) else {}

@@ -65,9 +65,33 @@ class ToolUseStop:
 
 
 @dataclass(frozen=True, slots=True)
+class HiddenOutput:
+    """Output the model streamed that no other event carries (thinking, a server tool's input, a
+    compaction summary), as its UTF-8 byte count: billed output if the stream breaks before the
+    provider reports its final usage (docs/billing.md)."""
+
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class UsageUpdate:
+    """Usage the provider reported during the stream (Anthropic's `message_delta`: cumulative, so
+    it replaces what was reported before; fields it leaves out keep their earlier values)."""
+
+    usage: Usage
+    output_reported: bool = True  # the update carried the output count (else only input or cache counts)
+
+
+@dataclass(frozen=True, slots=True)
 class MessageStop:
+    """The end of the message. `usage` is the call's final usage, authoritative as it stands (a final
+    0 is 0); `usage_final` is False when the provider never reported the output count after
+    message start, so that `usage.output_tokens` does not cover what was streamed."""
+
     stop_reason: str
     usage: Usage = field(default_factory=Usage)
+    usage_final: bool = True
 
 
-DriverEvent = MessageStart | TextDelta | ToolUseStart | InputJsonDelta | ToolUseStop | MessageStop
+DriverEvent = (MessageStart | TextDelta | ToolUseStart | InputJsonDelta | ToolUseStop | HiddenOutput | UsageUpdate
+               | MessageStop)

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from agentvm.domain.models import (
     Usage,
 )
 from agentvm.drivers.base import (
+    HiddenOutput,
     InputJsonDelta,
     LLMRequest,
     MessageStart,
@@ -38,6 +39,7 @@ from agentvm.drivers.base import (
     ToolOutcome,
     ToolUseStart,
     ToolUseStop,
+    UsageUpdate,
 )
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.coalescer import DeltaCoalescer
@@ -90,7 +92,11 @@ class _Msg:
     text: list[str] = field(default_factory=list)
     calls: list[_Call] = field(default_factory=list)
     stop_reason: str | None = None
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = field(default_factory=Usage)  # as the provider last reported it
+    # UTF-8 bytes of output streamed since the provider last reported the output count: billed as
+    # tokens (an upper bound) if the stream ends without a final count, and the usage marked estimated
+    unreported_bytes: int = 0
+    estimated: bool = False
     cost: Cost = field(default_factory=lambda: Cost(Decimal(0), Decimal(0)))  # set when counted
     responding_sent: bool = False
     counted: bool = False
@@ -251,6 +257,7 @@ class TurnRunner:
             status = "interrupted"
             raise
         finally:
+            _bill_unreported(msg, request.max_tokens)
             self._count(msg)
             turn.model = msg.model or turn.model
             turn.list_cost, turn.billed_cost = money_text(self._list), money_text(self._billed)
@@ -263,7 +270,8 @@ class TurnRunner:
             await self.meter.release(turn, hold)  # nothing reached the provider's meter
             return
         await self.meter.settle(turn, hold, call=self._llm_calls, provider=self.driver.name,
-                                model=msg.model or request.model, usage=msg.usage, cost=msg.cost, status=status)
+                                model=msg.model or request.model, usage=msg.usage, cost=msg.cost, status=status,
+                                estimated=msg.estimated)
 
     def _count(self, msg: _Msg) -> None:
         """Add an LLM call's usage once, whether it completed, failed or was interrupted."""
@@ -298,6 +306,7 @@ class TurnRunner:
                     if msg.coalescer is None:
                         continue
                     msg.text.append(ev.text)
+                    msg.unreported_bytes += len(ev.text.encode())
                     msg.coalescer.text(ev.text)
                     if self._first_delta_at is None:
                         self._first_delta_at = now_ms()
@@ -306,6 +315,7 @@ class TurnRunner:
                         ch.publish("conversation_responding", {})
                 elif isinstance(ev, MessageStart):
                     msg.message_id, msg.model, msg.usage = ev.message_id, ev.model, ev.usage
+                    msg.unreported_bytes = 0
                     msg.started_at = now_ms()
                     msg.coalescer = DeltaCoalescer(self.options.flush_ms, self._emit_text,
                                                    max_flush_ms=self.options.max_flush_ms)
@@ -313,9 +323,11 @@ class TurnRunner:
                     ch.publish("conversation_start", {"messageId": ev.message_id})
                 elif isinstance(ev, ToolUseStart):
                     self._flush(msg)
+                    msg.unreported_bytes += len(ev.name.encode())
                     ch.publish("tool_use_start", {"toolCallId": ev.tool_call_id, "toolName": ev.name})
                     ch.publish("tool_planned", {"toolId": ev.tool_call_id, "toolName": ev.name})
                 elif isinstance(ev, InputJsonDelta):
+                    msg.unreported_bytes += len(ev.partial_json.encode())
                     ch.publish("input_json_delta", {"partialJson": ev.partial_json})
                 elif isinstance(ev, ToolUseStop):
                     self._flush(msg)
@@ -326,9 +338,17 @@ class TurnRunner:
                                                   msg.message_id, now_ms())
                     self._keep(body)
                     ch.publish("tool_call_message", body)
+                elif isinstance(ev, HiddenOutput):
+                    msg.unreported_bytes += ev.nbytes
+                elif isinstance(ev, UsageUpdate):
+                    msg.usage = ev.usage
+                    if ev.output_reported:
+                        msg.unreported_bytes = 0
                 elif isinstance(ev, MessageStop):
                     msg.stop_reason = ev.stop_reason or "end_turn"
-                    msg.usage = _merge_usage(msg.usage, ev.usage)
+                    msg.usage = ev.usage  # the final usage is authoritative: a final 0 is 0
+                    if ev.usage_final:
+                        msg.unreported_bytes = 0
                     self._close_message(msg, interrupted=False)
 
     def _emit_text(self, text: str) -> None:
@@ -483,11 +503,15 @@ def fit_result(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
     return ToolOutcome(body[:lo] + note, is_error=outcome.is_error)
 
 
-def _merge_usage(start: Usage, stop: Usage) -> Usage:
-    """Anthropic reports input (and cache) tokens at message start and cumulative output at the end."""
-    return Usage(
-        input_tokens=stop.input_tokens or start.input_tokens,
-        output_tokens=stop.output_tokens or start.output_tokens,
-        cache_read_tokens=stop.cache_read_tokens or start.cache_read_tokens,
-        cache_write_tokens=stop.cache_write_tokens or start.cache_write_tokens,
-    )
+def _bill_unreported(msg: _Msg, max_tokens: int) -> None:
+    """A call that ended without the provider's final output count (the stream broke, was interrupted,
+    or never reported it) after output was streamed: that output is billed at one token per UTF-8
+    byte (no token is shorter than a byte), on top of the last count reported, at most `max_tokens`,
+    and the usage is marked estimated. Anthropic bills the output it generated before the break."""
+    if msg.counted or not msg.unreported_bytes:
+        return
+    reported = msg.usage.output_tokens
+    output = max(reported, min(max_tokens, reported + msg.unreported_bytes))
+    msg.usage = replace(msg.usage, output_tokens=output)
+    msg.unreported_bytes = 0
+    msg.estimated = True

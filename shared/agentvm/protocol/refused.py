@@ -1,15 +1,18 @@
-"""JSON text that the frame parser (orjson) refuses, read anyway so that a request in it is answered.
+"""JSON text that the frame parser (orjson) refuses, read anyway so that the frame is answered.
 
 orjson refuses some texts that are JSON by RFC 8259: nesting deeper than 1024 levels, an escaped lone
 surrogate (`"\\ud800"`: JavaScript's JSON.stringify writes one for a string cut inside an emoji) and a
 number beyond a double's range (`1e400`). A `*_request` frame like that with a usable `data.requestId`
 gets an `invalid_request` response saying why, instead of no answer at all (spec §2.1: every request
-with a requestId gets exactly one response). Anything else orjson refuses is not JSON and is ignored
-(spec §1.2), as is a refused frame without a usable type and requestId.
+with a requestId gets exactly one response). Any other object (no usable type or requestId) gets a
+`system_error` saying why, as an object orjson reads does. Anything else orjson refuses is not JSON
+and is ignored (spec §1.2), as are JSON texts that are not an object, and ACKs.
 
 The reading is the stdlib's parser, and for nesting too deep for its recursion an iterative scanner
-that checks the whole grammar and keeps only the envelope's `type` and `data.requestId`; frames that
-deep are scanned up to DEEP_SCAN_MAX characters (no client nests that deep on purpose)."""
+that checks the whole grammar and keeps only the envelope's `type` and `data.requestId`. The scanner
+reads frames that deep up to DEEP_SCAN_MAX characters (no client nests that deep on purpose); a
+bigger one cannot be read, so neither its grammar nor its requestId is known: it gets a
+`system_error` naming both limits (it cannot get a response, having no known requestId)."""
 
 from __future__ import annotations
 
@@ -25,16 +28,18 @@ DEEP_SCAN_MAX = 16 * 1024  # ~30 ms of scanning at worst (a frame of `{"a":{"a":
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A request the parser refused: the command name, its requestId, why, and where (a field path)."""
+    """A frame the parser refused: why, and where (a field path); for a request with a usable
+    requestId also the command name and that requestId (answered with a response), else both None
+    (answered with a `system_error` only)."""
 
-    name: str
-    request_id: str
     message: str
     field: str
+    name: str | None = None
+    request_id: str | None = None
 
 
 def refused_request(text: str | bytes) -> Refusal | None:
-    """The request in a frame orjson could not parse, or None (not JSON, or not a usable request)."""
+    """Why orjson could not parse a frame, or None when it is not JSON, not an object, or an ACK."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -50,11 +55,13 @@ def refused_request(text: str | bytes) -> Refusal | None:
         return None
     data = body.get("data")
     request = _request(body.get("type"), data.get("requestId") if isinstance(data, dict) else None)
-    if request is None:
-        return None
-    type_, request_id = request
     where, problem = _first_problem(body)
-    return Refusal(type_[: -len("_request")], request_id, f"{type_}: {where}: {problem}", where)
+    if request is None:  # a lone surrogate in the type or the requestId: they cannot be echoed back
+        label = body.get("type")
+        prefix = f"{label}: " if isinstance(label, str) and _valid(label) and where != "type" else ""
+        return Refusal(f"{prefix}{where}: {problem}", where)
+    type_, request_id = request
+    return Refusal(f"{type_}: {where}: {problem}", where, type_[: -len("_request")], request_id)
 
 
 def _not_json(constant: str) -> Any:
@@ -96,6 +103,8 @@ def _first_problem(body: dict[str, Any]) -> tuple[str, str]:
             return where, "a lone surrogate escape: strings must be valid Unicode"
         if (isinstance(value, float) and math.isinf(value)) or (isinstance(value, int) and _too_big(value)):
             return where, "number out of range"
+        if isinstance(value, dict | list) and len(path) >= PARSER_MAX_DEPTH:
+            return "frame", f"nests deeper than {PARSER_MAX_DEPTH} levels"  # read here with a higher recursion limit
         if isinstance(value, dict):
             if not all(_valid(k) for k in value):
                 return where, "a key with a lone surrogate escape: strings must be valid Unicode"
@@ -116,29 +125,35 @@ _MISSING = object()
 
 
 def _deep(text: str) -> Refusal | None:
+    too_deep = f"frame: nests deeper than {PARSER_MAX_DEPTH} levels"
     if len(text) > DEEP_SCAN_MAX:
-        return None
+        return Refusal(f"{too_deep}; a frame that deep is read only up to {DEEP_SCAN_MAX} characters and "
+                       f"this one has {len(text)}, so it was not read (no response: its requestId is unknown)",
+                       "frame")
     found = _scan(text)
     if found is None:
         return None
     request = _request(*found)
     if request is None:
-        return None
+        label = found[0]
+        prefix = f"{label}: " if isinstance(label, str) and _valid(label) else ""
+        return Refusal(f"{prefix}{too_deep}", "frame")
     type_, request_id = request
-    return Refusal(type_[: -len("_request")], request_id,
-                   f"{type_}: frame: nests deeper than {PARSER_MAX_DEPTH} levels", "frame")
+    return Refusal(f"{type_}: {too_deep}", "frame", type_[: -len("_request")], request_id)
 
 
 def _scan(text: str) -> tuple[object, object] | None:
     """(type, data.requestId) of a JSON text whose top level is an object that is not an ACK (the
-    last of duplicate keys wins, as in every parser here); None when it is not JSON or not such an
-    object. Only the keys of the top object and of its `data` object are decoded."""
+    last of duplicate keys wins, as in every parser here; None for a missing one, or a type that is
+    not a string); None when it is not JSON or not such an object. Only the keys of the top object
+    and of its `data` object are decoded."""
     stack: list[str] = []  # "{" or "[" per open level
     key1: object = None  # the current key of the top object, and of `data`
     key2: object = None
     type_: object = _MISSING
     request_id: object = _MISSING
     ack = False
+    top_object = False
     state, pos = _VALUE, 0
 
     def begin(kind: str, token: str) -> None:
@@ -197,6 +212,7 @@ def _scan(text: str) -> tuple[object, object] | None:
         elif token == "{":
             if state not in (_VALUE, _VALUE_OR_END):
                 return None
+            top_object = top_object or not stack  # the top level is an object
             stack.append("{")
             key2 = None
             state = _KEY_OR_END
@@ -213,6 +229,6 @@ def _scan(text: str) -> tuple[object, object] | None:
             if state != _AFTER:
                 return None
             state = _KEY if stack[-1] == "{" else _VALUE
-    if text[pos:].strip(" \t\n\r") or ack or type_ is _MISSING:
+    if text[pos:].strip(" \t\n\r") or ack or not top_object:
         return None
-    return type_, (None if request_id is _MISSING else request_id)
+    return (None if type_ is _MISSING else type_), (None if request_id is _MISSING else request_id)

@@ -12,12 +12,13 @@ from agentvm.domain.sandbox_spec import SANDBOX_LIMITS
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Per-call resource limits. Every limit applies to the tool's whole process tree except `cpu_s`,
-    `memory_bytes` and `file_size_bytes`, which are rlimits and so hold per process."""
+    """Per-call resource limits. Every limit applies to the tool's whole process tree except `cpu_s` and
+    `file_size_bytes`, which are rlimits and so hold per process. `memory_bytes` holds for both: all
+    the call's processes together (a memory cgroup, else a watchdog) and each one (RLIMIT_AS)."""
 
     timeout_s: float = 30.0  # wall clock; then the tool's whole process group is killed
     cpu_s: int = 30  # RLIMIT_CPU (per process): SIGXCPU at cpu_s, SIGKILL a second later
-    memory_bytes: int = 1 << 30  # RLIMIT_AS (address space, per process)
+    memory_bytes: int = 1 << 30  # the whole call's memory; also RLIMIT_AS (address space) of each process
     file_size_bytes: int = 64 << 20  # RLIMIT_FSIZE: a bigger write fails with EFBIG
     processes: int = 128  # processes/threads the tool may have (fork bombs)
     output_bytes: int = 1 << 20  # stdout+stderr kept per call; the rest is counted and dropped
@@ -49,11 +50,14 @@ class ProcessResult:
     stderr: bytes
     output_bytes: int  # total bytes the process wrote (kept + dropped)
     truncated: bool
-    # "timeout" | "output_limit" | "cpu" | "file_size" | "memory" | "signal:N" | None. "cpu" and
-    # "file_size": SIGXCPU / SIGXFSZ from the rlimits. The local runner never says "memory": with
-    # RLIMIT_AS an allocation fails and the program reports that itself (exit code, stderr).
+    # "timeout" | "output_limit" | "cpu" | "file_size" | "memory" | "disk_quota" | "disk_reserve" |
+    # "signal:N" | None. "cpu" and "file_size": SIGXCPU / SIGXFSZ from the rlimits. "memory": the
+    # call's processes together passed `memory_bytes` (one process that passes it alone meets RLIMIT_AS:
+    # an allocation fails and the program reports that itself). "disk_quota": the workspace passed its
+    # quota; "disk_reserve": the server's free disk space fell under its reserve (sandbox/quota.py).
     killed: str | None
     duration_ms: int
+    workspace_bytes: int | None = None  # the workspace's size after the call, when a disk quota applies
 
 
 def limits_for(ceiling: Limits, sandbox: Mapping[str, Any] | None) -> Limits:

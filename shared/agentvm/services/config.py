@@ -12,6 +12,7 @@ are taken from here); the others (`restart`) are read when the server starts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from agentvm.ids import now_ms
 from agentvm.money import DEFAULT_MARKUP, DEFAULT_PRICES, PRICES_TAKEN_ON, ModelPrice, prices_wire
 from agentvm.ports import ConfigStore, Env
 
+log = logging.getLogger(__name__)
+
 MASK = "********"
 LAYERS = ("default", "file", "env", "runtime")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -42,7 +45,7 @@ def _text(v: Any) -> str:
 
 def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
     def check(v: Any) -> int:
-        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        if isinstance(v, str) and re.fullmatch(r"-?[0-9]{1,18}", v.strip()):  # (an environment variable)
             v = int(v)
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
             raise ValueError(f"must be an integer from {lo} to {hi}")
@@ -57,13 +60,30 @@ def _url(v: Any) -> str:
     return text
 
 
-def _markup(v: Any) -> str:
+# Upper bounds of the money settings: far above any real value, low enough that a typo (or a
+# hostile value) cannot make one call cost more than anyone holds.
+MAX_MARKUP = Decimal(10)
+MAX_PRICE_PER_MTOK = Decimal(1000)  # USD per million tokens; the dearest Anthropic list price is 75
+
+
+def _decimal(v: Any, invalid: str) -> Decimal:
+    """A finite decimal given as decimal text or a JSON number; a boolean, NaN or ±Infinity is
+    `invalid` (ValueError with that reason)."""
+    if isinstance(v, bool) or not isinstance(v, str | int | float):
+        raise ValueError(invalid)
     try:
         d = Decimal(str(v).strip())
     except InvalidOperation:
-        raise ValueError("must be a decimal number such as 1.05") from None
-    if not Decimal(1) <= d <= Decimal(10):
-        raise ValueError("must be from 1 to 10 (a price multiplier)")
+        raise ValueError(invalid) from None
+    if not d.is_finite():  # (before any comparison: comparing a NaN raises InvalidOperation)
+        raise ValueError(invalid)
+    return d
+
+
+def _markup(v: Any) -> str:
+    d = _decimal(v, "must be a decimal number such as 1.05")
+    if not Decimal(1) <= d <= MAX_MARKUP:
+        raise ValueError(f"must be from 1 to {MAX_MARKUP} (a price multiplier)")
     return str(d)  # money stays Decimal: carried as text, never float
 
 
@@ -89,11 +109,13 @@ def _prices(v: Any) -> dict[str, dict[str, str]]:
         row: dict[str, str] = {}
         for name, amount in price.items():
             try:
-                d = Decimal(str(amount).strip())
-            except InvalidOperation:
-                raise ValueError(f"{model}.{name}: must be a decimal number (USD per million tokens)") from None
-            if not d.is_finite() or d < 0:
+                d = _decimal(amount, "must be a decimal number (USD per million tokens)")
+            except ValueError as exc:
+                raise ValueError(f"{model}.{name}: {exc}") from None
+            if d < 0:
                 raise ValueError(f"{model}.{name}: must be zero or more")
+            if d > MAX_PRICE_PER_MTOK:
+                raise ValueError(f"{model}.{name}: must be at most {MAX_PRICE_PER_MTOK} (USD per million tokens)")
             row[name] = str(d)
         out[model.strip()] = row
     return out
@@ -177,6 +199,7 @@ class ConfigService:
         self.file = file
         self.overrides = dict(overrides or {})  # `avm serve` flags: part of the env layer
         self._file_values: dict[str, Any] | None = None
+        self._ignored: set[tuple[str, str]] = set()  # invalid runtime values already logged
 
     # ---- layers ----------------------------------------------------------------------------------
 
@@ -224,15 +247,25 @@ class ConfigService:
         values: dict[str, Any] = {}
         for key in self.keys.values():
             raw: Any = self.overrides.get(key.name)
+            source = "an `avm serve` flag"
             if raw is None:
                 for name in key.env:
                     found = await self.env.get(name)
                     if found:
-                        raw = found
+                        raw, source = found, name
                         break
             if raw is not None:
-                values[key.name] = self._check(key, raw, where="environment: ")
+                try:
+                    values[key.name] = key.check(raw)
+                except ValueError as exc:
+                    raise InvalidRequest(f"invalid setting {key.name} ({source}): {exc}", field=key.name) from None
         return values
+
+    async def check_startup(self) -> None:
+        """Validate the file and environment layers (InvalidRequest naming the key and the variable):
+        `avm serve` calls it before anything listens, so that a bad value never reaches a turn."""
+        await self.load_file()
+        await self._env_values()
 
     async def _runtime_values(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -243,7 +276,12 @@ class ConfigService:
             try:
                 values[name] = key.check(orjson.loads(text))
             except (ValueError, orjson.JSONDecodeError):
-                continue  # written by another version with other rules: the lower layers apply
+                # written by another version with other rules, or outside the API (an SSM parameter
+                # put by hand): the lower layers apply. The value is never logged (it may be secret).
+                if (name, text) not in self._ignored:  # once per value, not at every turn
+                    self._ignored.add((name, text))
+                    log.warning("config: a stored runtime value is invalid and ignored", extra={"config_key": name})
+                continue
         return values
 
     async def layers(self) -> dict[str, dict[str, Any]]:
@@ -345,3 +383,22 @@ def from_settings(settings: Settings, store: ConfigStore, env: Env, *, file: Pat
     overrides = {key: getattr(settings, name) for key, name in SETTING_KEYS.items()
                  if getattr(settings, name) != fields[name].default}
     return ConfigService(registry(defaults), store, env, file=file, overrides=overrides)
+
+
+class _NoRuntimeLayer:
+    """A `ConfigStore` for checking the lower layers before the database is open."""
+
+    async def runtime_values(self) -> dict[str, str]:
+        return {}
+
+    async def set_value(self, key: str, value_json: str | None, *, secret: bool, change: ConfigChange) -> None:
+        raise RuntimeError("no runtime layer here")
+
+    async def changes(self, limit: int = 100) -> list[ConfigChange]:
+        return []
+
+
+async def check_startup(settings: Settings, env: Env, *, file: Path | None) -> None:
+    """Validate the config file and the environment (InvalidRequest naming the key and the variable)
+    before anything is built or opened: `avm serve` stops with that one line."""
+    await from_settings(settings, _NoRuntimeLayer(), env, file=file).check_startup()

@@ -42,6 +42,9 @@ class Deps:
     # budgets, rate limits and the usage ledger (None: turns are neither limited nor recorded)
     meter: Meter | None = None
     turn_observer: TurnObserver | None = None
+    # why this host may not run sandbox tools (no isolating sandbox, no unsafe opt-in), or None; unset
+    # where no tool runs in this process (the cloud's functions: the container task's runner refuses)
+    sandbox_refusal: Callable[[], str | None] | None = None
 
     def llm(self) -> Driver:
         if self.driver is None:

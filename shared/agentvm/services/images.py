@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from agentvm.domain.models import Agent, Image, Principal, Session
-from agentvm.errors import InvalidRequest, NotFound
+from agentvm.errors import InvalidRequest, NotFound, SandboxUnavailable
 from agentvm.ids import image_id, now_ms, session_id
 from agentvm.protocol.commands import ImageConfig, ImageListItem
 from agentvm.services.agents import AgentService
@@ -31,6 +32,26 @@ def list_item(image: Image, agent: Agent | None) -> ImageListItem:
     return item
 
 
+def sandbox_tools_of(config: Mapping[str, Any]) -> list[str]:
+    """An image's tools that run in its container's sandbox: built-in tools and stdio MCP servers."""
+    names = [str(t) for t in config.get("tools") or ()]
+    servers = parse_mcp_servers(config.get("mcpServers"))
+    return names + [f"MCP server '{name}'" for name, cfg in servers.items() if cfg.needs_sandbox]
+
+
+def require_sandbox(deps: Deps, config: Mapping[str, Any], *, field: str | None = None) -> None:
+    """Refuse an image with sandbox tools where this host has no isolating sandbox (fail closed)."""
+    refusal = deps.sandbox_refusal() if deps.sandbox_refusal is not None else None
+    if refusal is None:
+        return
+    needs = sandbox_tools_of(config)
+    if needs:
+        if field is None:
+            field = "tools" if config.get("tools") else "mcpServers"
+        raise SandboxUnavailable(f"The image's tools ({', '.join(needs)}) run in the tool sandbox, and {refusal}",
+                                 field=field)
+
+
 class ImageService:
     def __init__(self, deps: Deps, sessions: SessionHost, containers: ContainerService,
                  agents: AgentService, builder: ImageBuilder) -> None:
@@ -42,7 +63,6 @@ class ImageService:
 
     async def create(self, p: Principal, container_id: str, config: ImageConfig) -> Image:
         built = await self.builder.build(p, agent=config.agent, system_prompt=config.system_prompt)
-        await self.containers.ensure(p, container_id)
         ts = now_ms()
         values = built.values  # from the agent definition; the config's own values win
         snapshot: dict[str, Any] = {}
@@ -77,6 +97,8 @@ class ImageService:
             parse_mcp_servers(servers)  # a bad config is refused now, not at the first turn
         if tools.http:
             snapshot["httpTools"] = tools.http
+        require_sandbox(self.deps, snapshot)  # before anything is stored, the container included
+        await self.containers.ensure(p, container_id)
         if built.sandbox is not None:
             snapshot["sandbox"] = built.sandbox
         if built.knowledge:
@@ -111,6 +133,7 @@ class ImageService:
         return [list_item(i, agents.get(i.image_id)) for i in images]
 
     async def update(self, p: Principal, image_id_: str, name: str | None, description: str | None) -> Image:
+        require_sandbox(self.deps, (await self.require(p, image_id_)).config, field="imageId")
         image = await self.deps.store.update_image(p.tenant_id, image_id_, name=name, description=description,
                                                    updated_at=now_ms())
         if image is None:

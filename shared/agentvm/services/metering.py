@@ -5,11 +5,21 @@ cache-write prices, plus `max_tokens` at the output price, × markup) is held on
 (and the key's, when the key has a budget) in one atomic step of the ledger; when the call ends, its
 usage record is written once and its real billed cost replaces the hold. Concurrent turns therefore
 cannot take a month's billed cost past a budget, and a refused call spends no token.
+
+The input bound, per content block type (docs/billing.md, "The hold is an upper bound"): text of any
+kind (messages, system prompt, tool definitions and results, plain-text documents) one token per
+UTF-8 byte, since no token is shorter than a byte; an image `IMAGE_TOKENS`; a PDF (or any document
+whose text is not in the request) the model's whole context window; `TOOL_SYSTEM_TOKENS` for the
+tool-use system prompt Anthropic adds when tools are given; and never more than the context window,
+since the API refuses a longer request unbilled. Should a provider still bill a call above its hold,
+the call is billed as reported, `budget hold exceeded` is logged and counted (`on_overrun`), and the
+ledger refuses the tenant's next holds while spent + reserved exceeds the budget.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,10 +36,22 @@ from agentvm.ports import UsageLedger
 
 log = logging.getLogger(__name__)
 
-# An image or document block counts as this many input tokens in the worst case (Anthropic scales
-# images to at most ~1.6k tokens; the margin covers documents' pages up to a few).
-BLOCK_TOKENS = 5_000
-_MEDIA = frozenset({"image", "document"})
+# An image: Anthropic bills about width × height / 750 tokens after scaling it down to the model's
+# largest native size: ~1.15 MP, ~1,600 tokens, up to Claude 4.6; 2576 px long edge, 3.75 MP, ~5,000
+# tokens on Opus 4.7 (Anthropic's vision docs). 6,000 covers that with the padding to 28 px.
+IMAGE_TOKENS = 6_000
+# The tool-use system prompt Anthropic adds to a request with tools (159 to 804 tokens by model and
+# tool choice in Anthropic's tool-use pricing table; 804 for Opus 4.7 with `any`), with a margin.
+TOOL_SYSTEM_TOKENS = 1_000
+# Models whose context window is 200k input tokens (Anthropic's models overview; AgentVM sends no
+# long-context beta header); any other model, the 1M window of Opus 4.6+ and Sonnet 4.6, is held at
+# the largest, so that the bound holds for models this list does not know.
+_WINDOW_200K = re.compile(r"^(claude-(opus|sonnet)-4(-0)?|claude-opus-4-1|claude-(opus|sonnet|haiku)-4-5)(-\d{8})?$"
+                          r"|^claude-3|^scripted")
+MAX_CONTEXT_WINDOW = 1_000_000
+# Document sources whose text is in the request (counted by its bytes); any other source (a PDF as
+# base64, URL or file) is rendered by the provider: it is bounded by the context window.
+_TEXT_SOURCES = frozenset({"text", "content"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,22 +64,36 @@ class Hold:
     started_at: int
 
 
+def context_window(model: str) -> int:
+    return 200_000 if _WINDOW_200K.match(model.lower()) else MAX_CONTEXT_WINDOW
+
+
 def worst_input_tokens(request: LLMRequest) -> int:
     """An upper bound of the request's input tokens: a token covers at least one UTF-8 byte of text, so
-    the bytes of every string (plus a little per structural element) bound the count; media blocks
-    count `BLOCK_TOKENS` each instead of their base64 bytes."""
-    return _bound(request.messages) + _bound(request.system or "") + _bound(request.tools) + 16
+    the bytes of every string (plus a little per structural element) bound the count; an image counts
+    `IMAGE_TOKENS`, a PDF the whole context window; tools add `TOOL_SYSTEM_TOKENS`. Never more than the
+    model's context window: the API refuses (unbilled) a request that does not fit."""
+    window = context_window(request.model)
+    total = _bound(request.messages, window) + _bound(request.system or "", window) + 16
+    if request.tools:
+        total += _bound(request.tools, window) + TOOL_SYSTEM_TOKENS
+    return min(total, window)
 
 
-def _bound(value: Any) -> int:
+def _bound(value: Any, window: int) -> int:
     if isinstance(value, str):
         return len(value.encode()) + 2
     if isinstance(value, dict):
-        if value.get("type") in _MEDIA:
-            return BLOCK_TOKENS
-        return 2 + sum(_bound(k) + _bound(v) for k, v in value.items())
+        kind = value.get("type")
+        if kind == "image":
+            return IMAGE_TOKENS
+        if kind == "document":
+            source = value.get("source")
+            if not (isinstance(source, dict) and source.get("type") in _TEXT_SOURCES):
+                return window
+        return 2 + sum(_bound(k, window) + _bound(v, window) for k, v in value.items())
     if isinstance(value, list | tuple):
-        return 2 + sum(_bound(v) for v in value)
+        return 2 + sum(_bound(v, window) for v in value)
     return 4  # numbers, booleans, null
 
 
@@ -73,10 +109,11 @@ class Meter:
     cache (`budget_cache_s`); `forget` drops a tenant's entry when this process changes its budgets."""
 
     def __init__(self, ledger: UsageLedger, *, budget_cache_s: float = 30.0,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 clock: Callable[[], int] = now_ms, on_overrun: Callable[[str | None], None] | None = None) -> None:
         self.ledger = ledger
         self.budget_cache_s = budget_cache_s
         self._clock = clock
+        self.on_overrun = on_overrun  # called with the model of a call billed above its hold
         self._budgets: dict[str, tuple[float, dict[str | None, Budget]]] = {}
 
     async def budgets(self, tenant_id: str) -> dict[str | None, Budget]:
@@ -142,16 +179,25 @@ class Meter:
         return await self.ledger.release_turn(turn.tenant_id, turn.key_id, turn.turn_id, periods)
 
     async def settle(self, turn: Turn, hold: Hold, *, call: int, provider: str, model: str, usage: Usage,
-                     cost: Cost, status: str) -> UsageRecord:
+                     cost: Cost, status: str, estimated: bool = False) -> UsageRecord:
         """Write the call's usage record once (its `cost` as the engine computed it for the turn) and
         replace its hold by its billed cost. A ledger failure is logged with the whole record (the turn
-        row keeps the usage too) and does not fail the turn."""
+        row keeps the usage too) and does not fail the turn. A call billed above its hold is billed all
+        the same (it was spent), logged and counted; the ledger then refuses the tenant's next holds
+        for as long as spent + reserved exceeds the budget."""
         record = UsageRecord(
             record_id=f"{turn.turn_id}#llm#{call}", tenant_id=turn.tenant_id, key_id=turn.key_id,
             container_id=turn.container_id, image_id=turn.image_id, session_id=turn.session_id,
             turn_id=turn.turn_id, kind="llm", provider=provider, model=model, usage=usage,
             list_cost=cost.list, billed_cost=cost.billed, tier=turn.tier, status=status,
-            started_at=hold.started_at, ended_at=max(self._clock(), hold.started_at))
+            started_at=hold.started_at, ended_at=max(self._clock(), hold.started_at), estimated=estimated)
+        if hold.amount and record.billed_cost > hold.amount:
+            log.warning("budget hold exceeded: an LLM call was billed above its hold", extra={
+                "tenant_id": turn.tenant_id, "turn_id": turn.turn_id, "record_id": record.record_id,
+                "model": model, "held": money_text(hold.amount), "billed": money_text(record.billed_cost),
+                "excess": money_text(record.billed_cost - hold.amount), "usage": usage.to_wire()})
+            if self.on_overrun is not None:
+                self.on_overrun(model)
         await self._write(record, hold)
         return record
 

@@ -250,6 +250,7 @@ class TurnMetrics:
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         self._series: dict[tuple[str, str, str], _Series] = {}  # (tier, status, model family)
         self._first_token: dict[tuple[str, str], _Histogram] = {}  # (tier, model family)
+        self._overruns: dict[str, int] = {}  # model family → LLM calls billed above their budget hold
 
     # ---- writing -------------------------------------------------------------------------------
 
@@ -287,6 +288,11 @@ class TurnMetrics:
             if hist is None:
                 hist = self._first_token[(tier, family)] = _Histogram()
             hist.observe(first_ms)
+
+    def observe_budget_overrun(self, model: str | None) -> None:
+        """Count an LLM call billed above its budget hold (the `Meter`'s `on_overrun`)."""
+        family = model_family(model)
+        self._overruns[family] = self._overruns.get(family, 0) + 1
 
     # ---- reading -------------------------------------------------------------------------------
 
@@ -349,6 +355,12 @@ class TurnMetrics:
                 "Time from a turn's start to its first text delta, by tier and model family.")
         for (tier, family), h in sorted(self._first_token.items()):
             _histogram(out, "avm_turn_first_token_seconds", h, {"tier": tier, "model_family": family})
+
+        _family(out, "avm_budget_overruns_total", "counter",
+                "LLM calls billed above their budget hold (the provider reported more than the hold's upper "
+                "bound), by model family.")
+        for family, n in sorted(self._overruns.items()):
+            out.append(f"avm_budget_overruns_total{_labels(model_family=family)} {n}")
 
         _family(out, "avm_active_connections", "gauge",
                 "Open WebSocket connections and SSE chat streams of this process.")

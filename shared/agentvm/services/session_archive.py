@@ -23,7 +23,15 @@ An import is checked whole before anything is written (format, version, checksum
 Then the messages and turns are written under a new session id that nothing points to yet, and
 the image with its session is created last: that write is the commit point, before which nothing
 of the import is visible. A failure in between deletes what was written; a crash in between
-leaves only rows that no image or session reaches."""
+leaves only rows that no image or session reaches.
+
+Secrets: an export replaces the image's secrets (MCP servers' env values, header values, URL query
+values and user information, credential flags in args; HTTP tools' headers and URL) with
+`<redacted>` unless the caller asks for them (`include_secrets`). An imported image keeps the
+markers; a message to it is refused (SecretsMissing) naming the fields. The checksum detects damage
+(a truncated or altered file), not editing: anyone can recompute it, so an archive is only as
+trustworthy as where it came from. Its MCP servers are configuration like any image's: their
+commands run only in the importing tenant's container sandbox, with that tenant's rights."""
 
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from agentvm.domain.config_secrets import missing_secrets, redact_config
 from agentvm.domain.models import Checkpoint, Image, Principal, Session, StoredMessage, Turn, TurnStatus, Usage
 from agentvm.engine.context import conversation_order
 from agentvm.errors import AgentVMError, InvalidRequest
@@ -95,7 +104,7 @@ def encode_archive(archive: Mapping[str, Any]) -> bytes:
     return orjson.dumps(archive)
 
 
-def parse_archive(raw: bytes, *, max_bytes: int | None = None) -> JSON:
+def parse_archive(raw: bytes | memoryview, *, max_bytes: int | None = None) -> JSON:
     """The archive's JSON object; InvalidRequest when it is not one (ArchiveTooLarge above `max_bytes`)."""
     if max_bytes is not None and len(raw) > max_bytes:
         raise too_large(max_bytes)
@@ -398,8 +407,10 @@ class SessionArchive:
         self.images = images
         self.center = center
 
-    async def export(self, p: Principal, sid: str) -> JSON:
-        """The session as an archive. Another tenant's session answers as not found.
+    async def export(self, p: Principal, sid: str, *, include_secrets: bool = False) -> JSON:
+        """The session as an archive. Another tenant's session answers as not found. The image's
+        secrets (MCP servers' env values, header values, URL query values and user information) are
+        replaced by `<redacted>` unless `include_secrets` (domain/config_secrets.py).
 
         The turns are read before the messages: messages of a turn that began after that read (the
         session was in use) are left out with it, so every reference in the archive resolves."""
@@ -426,7 +437,7 @@ class SessionArchive:
             "origin": {"sessionId": session.session_id, "imageId": session.image_id,
                        "containerId": session.container_id},
             "image": {"name": image.name, "description": image.description, "systemPrompt": image.system_prompt,
-                      "config": image.config},
+                      "config": image.config if include_secrets else redact_config(image.config)[0]},
             "session": {"title": session.title, "createdAt": session.created_at},
             "messages": messages,
             "turns": [_turn_entry(t, refs[t.turn_id]) for t in turns],
@@ -472,7 +483,8 @@ class SessionArchive:
             await self._discard(tenant, sid)
             raise
         log.info("session imported", extra={"session_id": sid, "image_id": iid, "container_id": container_id,
-                                            "messages": len(messages), "turns": len(turns)})
+                                            "messages": len(messages), "turns": len(turns),
+                                            "without_secrets": sorted(missing_secrets(image["config"]))})
         return ImportResult(sid, iid, container_id, len(messages), len(turns))
 
     async def _discard(self, tenant: str, sid: str) -> None:

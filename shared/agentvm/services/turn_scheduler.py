@@ -62,7 +62,11 @@ class ScheduledTurn:
     async def run(self, turn: Turn, image: Image) -> Turn:
         """Run a queued turn, from the function tier (or in the container tier, where this process is
         one: the container task's worker)."""
-        await self._options()
+        try:
+            await self._options()
+        except AgentVMError as exc:  # the configuration cannot be read (the storage failed): answered, not hung
+            log.error("turn options unavailable", extra={"turn_id": turn.turn_id, "error_code": exc.code})
+            return await self.abandon(turn, exc)
         tools = await self.deps.tools.for_image(image)
         if not isinstance(tools, ContainerOnly):
             runner = self._new_runner(tools, self.deps.options.tier)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentvm.domain.config_secrets import missing_secrets, missing_secrets_message
 from agentvm.domain.models import Agent, Image, Principal, Turn
-from agentvm.errors import InvalidRequest, NotFound
+from agentvm.errors import InvalidRequest, NotFound, SecretsMissing
 from agentvm.services.agents import AgentService
 from agentvm.services.deps import Deps
-from agentvm.services.images import ImageService
+from agentvm.services.images import ImageService, require_sandbox
 from agentvm.services.session_center import SessionCenter
 from agentvm.services.session_host import SessionHost
 
@@ -43,6 +44,9 @@ class TurnService:
         """Store the user message durably, announce it, and queue its turn. Returns the image as the
         session runs it (its `session_id` is the turn's session)."""
         image, agent = await self._target(p, image_id, agent_id, session_id)
+        require_sandbox(self.deps, image.config, field="imageId")  # an image stored before: refused now
+        if found := missing_secrets(image.config):  # imported from an archive without its secrets
+            raise SecretsMissing(missing_secrets_message(found), field="imageId")
         if connection_id is not None:
             self.deps.fanout.attach(connection_id, image.session_id, image.container_id)
         if agent is None:

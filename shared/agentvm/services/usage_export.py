@@ -62,8 +62,9 @@ SkuPriceId                  SkuId + "/standard" (no amounts or dates in it: stab
 SubAccountId                the container id
 SubAccountName              the container's display name from `display_names`, else null
 Tags                        JSON object of provider-defined tags, keys prefixed `agentvm/` as FOCUS requires:
-                            tenant, container, image, session, turn, record, model, tier, key, status
-                            (a null model or key is left out)
+                            tenant, container, image, session, turn, record, model, tier, key, status,
+                            and `agentvm/usage-estimated: "true"` on a record whose output tokens are an
+                            estimate (docs/billing.md; a null model or key is left out)
 =========================== ===================================================================================
 
 Decimals are plain fixed-point text that always holds a decimal point (`3.0`, `0.0012`, `0.00315000`), so that
@@ -300,6 +301,8 @@ def _tags(record: UsageRecord) -> str:
         "model": record.model, "tier": record.tier, "key": record.key_id, "status": record.status,
     }
     tags = {TAG_PREFIX + k: v for k, v in values.items() if v is not None}
+    if record.estimated:
+        tags[TAG_PREFIX + "usage-estimated"] = "true"
     return orjson.dumps(tags, option=orjson.OPT_SORT_KEYS).decode()
 
 

@@ -5,10 +5,15 @@ the JSON schema the model sees, and validates its input itself: a bad call is an
 result naming the field, which the model can correct. Output larger than the preview limit is kept
 whole in the workspace (`output/tool-<id>.txt`) and the model gets the beginning with a note on where
 the rest is, so a big result never blows up the context, the history or a 32 KB cloud frame.
+
+With a `DiskPolicy` (sandbox/quota.py), `write_file` and `edit_file` are refused when they would take
+the workspace over its quota, and the tools that write (`bash`, `write_file`, `edit_file`) are refused
+while the server's free disk space is under its reserve; a result names the limit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -18,6 +23,7 @@ from typing import Any
 from agentvm.drivers.base import ToolOutcome
 from agentvm.errors import InvalidRequest
 from agentvm.sandbox.limits import Limits, ProcessResult
+from agentvm.sandbox.quota import DiskPolicy, size_text
 from agentvm.sandbox.runtime import Runtime
 
 JSON = dict[str, Any]
@@ -26,6 +32,7 @@ BUILTIN_TOOLS = ("bash", "read_file", "write_file", "edit_file", "list_files")
 DEFAULT_PREVIEW_BYTES = 16 * 1024
 MAX_LIST_ENTRIES = 1000
 MAX_READ_BYTES = 10 << 20
+FULL_SLACK_BYTES = 64 << 10  # a workspace within this of its quota is said to be full
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +129,13 @@ class BuiltinTools:
     """The `ToolRunner` of one turn: the image's enabled built-in tools on its container's runtime."""
 
     def __init__(self, runtime: Runtime, enabled: tuple[str, ...], *, limits: Limits | None = None,
-                 preview_bytes: int = DEFAULT_PREVIEW_BYTES) -> None:
+                 preview_bytes: int = DEFAULT_PREVIEW_BYTES, disk: DiskPolicy | None = None) -> None:
         check_builtin_names(enabled)
         self.runtime = runtime
         self.enabled = enabled
         self.limits = limits or Limits()
         self.preview_bytes = preview_bytes
+        self.disk = disk  # the workspace quota and the disk reserve (the runner holds its calls to them too)
         self._handlers: dict[str, Callable[[Mapping[str, Any]], Awaitable[ToolOutcome]]] = {
             "bash": self._bash, "read_file": self._read_file, "write_file": self._write_file,
             "edit_file": self._edit_file, "list_files": self._list_files}
@@ -164,8 +172,11 @@ class BuiltinTools:
             if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
                 raise InvalidRequest("timeout_s: must be a positive number of seconds", field="timeout_s")
             limits = dataclasses.replace(limits, timeout_s=min(float(timeout), limits.timeout_s))
+        refused = await self._reserve_refusal("bash")
+        if refused is not None:
+            return refused
         result = await self.runtime.exec(command, limits=limits)
-        text = _bash_text(result, limits)
+        text = _bash_text(result, limits, self.disk)
         return ToolOutcome(await self._fit(text), is_error=result.exit_code != 0)
 
     async def _read_file(self, input_: Mapping[str, Any]) -> ToolOutcome:
@@ -193,7 +204,11 @@ class BuiltinTools:
     async def _write_file(self, input_: Mapping[str, Any]) -> ToolOutcome:
         path, content = _str(input_, "path", allow_empty=False), _str(input_, "content")
         assert path is not None and content is not None
-        written = await self.runtime.workspace.fs.write_bytes(path, content.encode())
+        data = content.encode()
+        refused = await self._write_refusal("write_file", path, len(data))
+        if refused is not None:
+            return refused
+        written = await self.runtime.workspace.fs.write_bytes(path, data)
         return ToolOutcome(f"Wrote {written:,} bytes to {path}")
 
     async def _edit_file(self, input_: Mapping[str, Any]) -> ToolOutcome:
@@ -214,7 +229,11 @@ class BuiltinTools:
         if count > 1 and not replace_all:
             return ToolOutcome(f"edit_file: old_string: found {count} times in {path}; make it unique or set "
                                "replace_all", is_error=True)
-        await fs.write_bytes(path, text.replace(old, new).encode())
+        data = text.replace(old, new).encode()
+        refused = await self._write_refusal("edit_file", path, len(data))
+        if refused is not None:
+            return refused
+        await fs.write_bytes(path, data)
         return ToolOutcome(f"Replaced {count if replace_all else 1} occurrence(s) in {path}")
 
     async def _list_files(self, input_: Mapping[str, Any]) -> ToolOutcome:
@@ -231,6 +250,28 @@ class BuiltinTools:
             lines.append(f"[list_files: only the first {MAX_LIST_ENTRIES} entries are shown]")
         return ToolOutcome("\n".join(lines) if lines else "(empty directory)")
 
+    # ---- disk ------------------------------------------------------------------------------------
+
+    async def _reserve_refusal(self, tool: str) -> ToolOutcome | None:
+        problem = self.disk.reserve_problem() if self.disk is not None else None
+        if problem is None:
+            return None
+        return ToolOutcome(f"{tool}: refused: {problem}; tools that write are paused until space is freed",
+                           is_error=True)
+
+    async def _write_refusal(self, tool: str, path: str, new_bytes: int) -> ToolOutcome | None:
+        problem = await self._disk_problem(new_bytes, path)
+        return None if problem is None else ToolOutcome(f"{tool}: refused: {problem}", is_error=True)
+
+    async def _disk_problem(self, new_bytes: int, path: str | None = None) -> str | None:
+        """Why the server may not write `new_bytes` (over `path`) into the workspace now, or None."""
+        if self.disk is None:
+            return None
+        info = await self.runtime.workspace.fs.stat(path) if path is not None else None
+        replaced = info.size if info is not None and info.kind == "file" else 0
+        return await asyncio.to_thread(self.disk.write_problem, self.runtime.workspace.root, new_bytes,
+                                       replaced_bytes=replaced)
+
     # ---- output size -----------------------------------------------------------------------------
 
     async def _fit(self, text: str) -> str:
@@ -239,14 +280,17 @@ class BuiltinTools:
         data = text.encode()
         if len(data) <= self.preview_bytes:
             return text
+        preview = data[: self.preview_bytes].decode("utf-8", errors="ignore")
+        problem = await self._disk_problem(len(data))
+        if problem is not None:
+            return f"{preview}\n[output truncated: {len(data):,} bytes in total; the rest was not kept: {problem}]"
         name = f"output/tool-{uuid.uuid4().hex[:12]}.txt"
         await self.runtime.workspace.fs.write_bytes(name, data)
-        preview = data[: self.preview_bytes].decode("utf-8", errors="ignore")
         return (f"{preview}\n[output truncated: {len(data):,} bytes in total; the whole output is in {name} "
                 "(read it with read_file and offset/limit)]")
 
 
-def _bash_text(result: ProcessResult, limits: Limits) -> str:
+def _bash_text(result: ProcessResult, limits: Limits, disk: DiskPolicy | None = None) -> str:
     """Status and notes first (a preview of a long output keeps them), then stdout, then stderr."""
     out = result.stdout.decode("utf-8", errors="replace")
     err = result.stderr.decode("utf-8", errors="replace")
@@ -255,8 +299,25 @@ def _bash_text(result: ProcessResult, limits: Limits) -> str:
         parts.append(f"[killed: the command ran longer than {limits.timeout_s:g} s]")
     elif result.killed == "output_limit":
         parts.append(f"[killed: the command wrote more than {limits.output_kill_at:,} bytes]")
+    elif result.killed == "memory":
+        parts.append(f"[killed: the call's memory limit of {size_text(limits.memory_bytes)} was reached]")
+    elif result.killed == "disk_quota":
+        quota = disk.quota_text if disk is not None and disk.quota_bytes is not None else "the workspace quota"
+        parts.append(f"[killed: {quota} was reached; remove files to make room]")
+    elif result.killed == "disk_reserve":
+        reserve = f" of {size_text(disk.reserve_bytes)}" if disk is not None else ""
+        parts.append(f"[killed: the server's disk is nearly full (under the reserve{reserve} kept for its "
+                     f"database); tools that write are paused until space is freed]")
     elif result.killed is not None:
         parts.append(f"[killed: {result.killed}]")
+    used = result.workspace_bytes
+    if disk is not None and disk.quota_bytes is not None and used is not None:
+        if used > disk.quota_bytes:
+            parts.append(f"[workspace: {size_text(used)} used, over {disk.quota_text}: writes fail until files "
+                         f"are removed]")
+        elif used + FULL_SLACK_BYTES >= disk.quota_bytes:  # a write stopped at the quota leaves it about full
+            parts.append(f"[workspace: {size_text(used)} used, {disk.quota_text} is reached: a write past it "
+                         f"fails (\"File size limit exceeded\")]")
     if result.truncated:
         parts.append(f"[output: {result.output_bytes:,} bytes written, only the first {limits.output_bytes:,} kept]")
     if out:

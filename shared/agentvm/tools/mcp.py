@@ -49,9 +49,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from agentvm import __version__
+from agentvm.domain.config_secrets import REDACTED_MARK, redacted_fields, secret_values
 from agentvm.drivers.base import ToolOutcome
 from agentvm.engine.tools import unavailable
 from agentvm.errors import AgentVMError, InvalidRequest
+from agentvm.logs import register_secrets
 
 if TYPE_CHECKING:
     import anyio
@@ -742,6 +744,10 @@ class McpPool:
             failed = self._failed.get(key)
             if failed is not None and time.monotonic() - failed[1] < self.retry_s:
                 return failed[0]
+            if redacted := redacted_fields(cfg):  # never started with a placeholder for a credential
+                return (f"imported without its secrets: {', '.join(redacted)} "
+                        f"{'holds' if len(redacted) == 1 else 'hold'} \"{REDACTED_MARK}\"")
+            register_secrets(secret_values(cfg))
             conn = McpConnection(cfg, cwd=launch.cwd, env=launch.env, launcher=launch.launcher,
                                  start_timeout_s=self.start_timeout_s, log_extra=labels)
             try:

@@ -19,6 +19,7 @@ from agentvm.drivers.base import ToolOutcome
 from agentvm.engine.tools import CompositeTools, NoTools, ToolRunner
 from agentvm.ports import Disk, ProcessRunner, Store
 from agentvm.sandbox.limits import Limits, limits_for
+from agentvm.sandbox.quota import DiskPolicy
 from agentvm.sandbox.runtime import Runtime, tool_env
 from agentvm.sandbox.uids import ToolUids, hand_over
 from agentvm.sandbox.workspace import Workspace
@@ -57,7 +58,7 @@ class WorkspaceTools:
                  limits: Limits | None = None, preview_bytes: int = DEFAULT_PREVIEW_BYTES,
                  mcp: McpPool | None = None, stdio: StdioSchemas | None = None,
                  mcp_limits: Limits = MCP_SERVER_LIMITS, store: Store | None = None,
-                 http_allow_private: bool = False) -> None:
+                 http_allow_private: bool = False, disk_policy: DiskPolicy | None = None) -> None:
         self.disk = disk
         self.process_for = process_for
         self.limits = limits or Limits()
@@ -68,6 +69,8 @@ class WorkspaceTools:
         self.mcp_limits = mcp_limits
         self.store = store  # knowledge resources (knowledge_search goes on after an escalation too)
         self.http_allow_private = http_allow_private
+        # the workspace quota and disk reserve of the file tools (`process_for`'s runners get the same)
+        self.disk_policy = disk_policy
 
     async def for_image(self, image: Image) -> ToolRunner:
         enabled = enabled_builtins(image)
@@ -94,7 +97,8 @@ class WorkspaceTools:
         if enabled:
             runtime = Runtime(workspace, process, env=env)
             limits = limits_for(self.limits, image.config.get("sandbox"))
-            parts.append(BuiltinTools(runtime, enabled, limits=limits, preview_bytes=self.preview_bytes))
+            parts.append(BuiltinTools(runtime, enabled, limits=limits, preview_bytes=self.preview_bytes,
+                                      disk=self.disk_policy))
         if servers:
             launcher = functools.partial(process.sandboxed_argv, limits=self.mcp_limits)
             mcp = await self.mcp.tools((image.tenant_id, image.container_id), servers, cwd=workspace.root, env=env,

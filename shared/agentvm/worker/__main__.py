@@ -2,12 +2,18 @@
 
 RunTask gives the task its container (AVM_WORKER_TENANT_ID, AVM_WORKER_CONTAINER_ID); everything
 else comes from the task definition's environment, as for the functions. Exit code 0 after an idle
-period, 2 when the environment is incomplete (the task would never get better by being retried).
+period, 2 when the environment is incomplete or the tenant role cannot be assumed (the task would
+never get better by being retried).
+
+Before anything else runs, the worker gives up the task role (adapters/aws/tenant_scope.py): it
+reads the LLM key with it, removes the credential variables from its environment, and from then on
+signs every request with the tenant role's credentials (its tenant's keys and workspaces only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -38,13 +44,44 @@ def task_id() -> str:
     return f"worker-{uuid.uuid4().hex}"
 
 
+async def scoped_runtime(settings: Settings, tenant: str, container: str, me: str) -> CloudRuntime:
+    """The runtime over the tenant role's credentials; the task role's are gone from the environment."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from agentvm.adapters.aws import tenant_scope as ts
+    from agentvm.errors import AgentVMError
+
+    if not settings.worker_tenant_role_arn:
+        raise SystemExit("AVM_WORKER_TENANT_ROLE_ARN must be set: the worker runs tools only with credentials "
+                         "scoped to its tenant (template.yaml: TenantWorkerRole)")
+    if not settings.table_name or not settings.bucket:
+        raise SystemExit("AVM_TABLE_NAME and AVM_BUCKET must be set (the task definition's environment)")
+    try:
+        ts.check_scopable(tenant)
+        source = await asyncio.to_thread(ts.task_credentials)
+        dropped = ts.drop_task_credentials()
+        tenant_session = await asyncio.to_thread(functools.partial(
+            ts.tenant_session, source=source, role_arn=settings.worker_tenant_role_arn, tenant_id=tenant,
+            container_id=container, task_id=me, bucket=settings.bucket,
+            region_name=settings.aws_region, endpoint_url=settings.aws_endpoint_url))
+    except AgentVMError as exc:
+        raise SystemExit(str(exc)) from exc
+    except (ClientError, BotoCoreError) as exc:
+        raise SystemExit(f"The worker could not assume its tenant role {settings.worker_tenant_role_arn}: "
+                         f"{exc}") from exc
+    log.info("tenant role assumed", extra={"tenant_id": tenant, "dropped": dropped})
+    task_session = ts.credentials_session(source, settings.aws_region)  # the LLM key only, read at start
+    return await CloudRuntime(settings, session=tenant_session, tenant_scope=tenant,
+                              secrets_session=task_session).ready()
+
+
 async def serve(settings: Settings) -> int:
     tenant, container = settings.worker_tenant_id, settings.worker_container_id
     if not tenant or not container:
         raise SystemExit("AVM_WORKER_TENANT_ID and AVM_WORKER_CONTAINER_ID must be set (RunTask overrides)")
-    rt = await CloudRuntime(settings).ready()
-    worker = rt.container_worker(tenant, container, task_id(), driver=await rt.driver(),
-                                 workspaces=settings.data_dir)
+    me = task_id()  # before the metadata endpoint's variable is dropped
+    rt = await scoped_runtime(settings, tenant, container, me)
+    worker = rt.container_worker(tenant, container, me, driver=await rt.driver(), workspaces=settings.data_dir)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)

@@ -15,6 +15,14 @@ subscription costs no write). Every item expires
 shortly after API Gateway's 2-hour connection cap, so a missed `$disconnect` leaves nothing behind.
 A connection accepted without credentials is stored with `auth_pending` and an empty tenant until its
 first-frame `auth` sets both (`authenticate`, conditional: the first `auth` frame wins).
+
+**Tenant scope** (`tenant_scope`: the container task, whose credentials reach only its tenant's keys,
+adapters/aws/tenant_scope.py): the `WSCONN#` items are another tenant's as much as anyone's (a
+worker that could write `WSCONN#{conn}` / `CONN` could give its own connection another tenant), so a
+scoped registry never reads or writes them. It writes a subscription's `SUBS#` item only (the
+reverse item exists already: `ws_default` wrote it when the connection subscribed), and for a gone
+connection it deletes the `SUBS#` items of the sessions it saw the connection in; `$disconnect` and
+the TTL remove the rest. Anything else that needs `WSCONN#` raises.
 """
 
 from __future__ import annotations
@@ -31,9 +39,19 @@ CONNECTION_TTL_S = 2 * 3600 + 600
 
 
 class DynamoDBConnections:
-    def __init__(self, store: DynamoDBStore, *, ttl_s: int = CONNECTION_TTL_S) -> None:
+    def __init__(self, store: DynamoDBStore, *, ttl_s: int = CONNECTION_TTL_S, tenant_scope: str | None = None) -> None:
         self.store = store
         self.ttl_s = ttl_s
+        self.tenant_scope = tenant_scope
+        self._seen: dict[str, set[str]] = {}  # scoped: connection id → SUBS# partitions it was found in
+
+    def _scoped(self, tenant_id: str | None, what: str) -> bool:
+        """True in tenant scope (and `tenant_id` must be the scope's); False when unscoped."""
+        if self.tenant_scope is None:
+            return False
+        if tenant_id != self.tenant_scope:
+            raise PermissionError(f"a registry scoped to one tenant cannot {what}")
+        return True
 
     def _expires(self) -> dict[str, str]:
         return _n(int(time.time()) + self.ttl_s)
@@ -43,6 +61,7 @@ class DynamoDBConnections:
         await self.store.client.batch_write_item(RequestItems={self.store.table_name: requests})
 
     async def put_connection(self, record: ConnectionRecord) -> None:
+        self._scoped(None, "store connection records")
         item: dict[str, Any] = {"PK": _s(f"WSCONN#{_k(record.connection_id)}"), "SK": _s("CONN"),
                                 "tenant_id": _s(record.tenant_id), "connected_at": _n(record.connected_at),
                                 TTL_ATTRIBUTE: self._expires()}
@@ -55,6 +74,7 @@ class DynamoDBConnections:
     async def authenticate(self, connection_id: str, tenant_id: str, key_id: str | None) -> bool:
         """Give a connection accepted without credentials its principal (a first `auth` frame). False
         when the connection is gone or was authenticated already (the first `auth` frame wins)."""
+        self._scoped(None, "authenticate connections")
         update = "SET tenant_id = :t REMOVE auth_pending" if key_id is None else \
             "SET tenant_id = :t, key_id = :k REMOVE auth_pending"
         values: dict[str, Any] = {":t": _s(tenant_id), ":yes": {"BOOL": True}}
@@ -72,6 +92,7 @@ class DynamoDBConnections:
 
     async def get_connection(self, connection_id: str) -> ConnectionRecord | None:
         """The record with what the connection subscribes to and watches: one Query of its partition."""
+        self._scoped(None, "read connection records")
         items = await self._query(f"WSCONN#{_k(connection_id)}")
         record = next((i for i in items if i["SK"]["S"] == "CONN"), None)
         if record is None:
@@ -85,6 +106,13 @@ class DynamoDBConnections:
 
     async def delete_connection(self, connection_id: str) -> None:
         client, table = self.store.client, self.store.table_name
+        if self.tenant_scope is not None:
+            conn = _s(f"CONN#{_k(connection_id)}")
+            scoped: list[Any] = [{"DeleteRequest": {"Key": {"PK": _s(pk), "SK": conn}}}
+                                 for pk in sorted(self._seen.pop(connection_id, set()))]
+            for start in range(0, len(scoped), 25):
+                await client.batch_write_item(RequestItems={table: scoped[start:start + 25]})
+            return
         pk = f"WSCONN#{_k(connection_id)}"
         res = await client.query(TableName=table, KeyConditionExpression="PK = :pk",
                                  ExpressionAttributeValues={":pk": _s(pk)}, ProjectionExpression="PK, SK")
@@ -104,16 +132,25 @@ class DynamoDBConnections:
         scope = f"{_k(tenant_id)}#{_k(session_id)}"
         conn = _k(sub.connection_id)
         expires = self._expires()
+        forward = {"PK": _s(f"SUBS#{scope}"), "SK": _s(f"CONN#{conn}"), "connection_id": _s(sub.connection_id),
+                   "after_seq": _n(sub.after_seq), "replayed_seq": _n(sub.replayed_seq),
+                   "pending": {"BOOL": sub.pending}, "since_seq": _n(sub.since_seq), TTL_ATTRIBUTE: expires}
+        if self._scoped(tenant_id, "subscribe for another tenant"):
+            self._seen.setdefault(sub.connection_id, set()).add(f"SUBS#{scope}")
+            await self.store.client.put_item(TableName=self.store.table_name, Item=forward)
+            return
         await self._put_all([
-            {"PK": _s(f"SUBS#{scope}"), "SK": _s(f"CONN#{conn}"), "connection_id": _s(sub.connection_id),
-             "after_seq": _n(sub.after_seq), "replayed_seq": _n(sub.replayed_seq),
-             "pending": {"BOOL": sub.pending}, "since_seq": _n(sub.since_seq), TTL_ATTRIBUTE: expires},
+            forward,
             {"PK": _s(f"WSCONN#{conn}"), "SK": _s(f"SUB#{scope}"), "session_id": _s(session_id),
              TTL_ATTRIBUTE: expires},
         ])
 
     async def subscribers(self, tenant_id: str, session_id: str) -> list[Subscription]:
-        items = await self._query(f"SUBS#{_k(tenant_id)}#{_k(session_id)}")
+        pk = f"SUBS#{_k(tenant_id)}#{_k(session_id)}"
+        items = await self._query(pk)
+        if self._scoped(tenant_id, "read another tenant's subscribers"):
+            for i in items:
+                self._seen.setdefault(i["connection_id"]["S"], set()).add(pk)
         return [Subscription(i["connection_id"]["S"], int(i["after_seq"]["N"]), int(i["replayed_seq"]["N"]),
                              bool(i["pending"]["BOOL"]), int(i["since_seq"]["N"]) if "since_seq" in i else 0)
                 for i in items]
@@ -122,12 +159,17 @@ class DynamoDBConnections:
         scope = f"WATCH#{_k(tenant_id)}#{_k(container_id)}"
         conn = _k(connection_id)
         expires = self._expires()
+        if self._scoped(tenant_id, "watch for another tenant"):
+            await self.store.client.put_item(TableName=self.store.table_name, Item={
+                "PK": _s(scope), "SK": _s(f"CONN#{conn}"), "connection_id": _s(connection_id), TTL_ATTRIBUTE: expires})
+            return
         await self._put_all([
             {"PK": _s(scope), "SK": _s(f"CONN#{conn}"), "connection_id": _s(connection_id), TTL_ATTRIBUTE: expires},
             {"PK": _s(f"WSCONN#{conn}"), "SK": _s(scope), "container_id": _s(container_id), TTL_ATTRIBUTE: expires},
         ])
 
     async def watchers(self, tenant_id: str, container_id: str) -> list[str]:
+        self._scoped(tenant_id, "read another tenant's watchers")
         items = await self._query(f"WATCH#{_k(tenant_id)}#{_k(container_id)}")
         return [i["connection_id"]["S"] for i in items]
 

@@ -362,6 +362,8 @@ def _record_item(r: UsageRecord) -> Item:
     }
     _put_opt(item, "key_id", r.key_id)
     _put_opt(item, "model", r.model)
+    if r.estimated:
+        item["usage_estimated"] = {"BOOL": True}
     return item
 
 
@@ -374,7 +376,8 @@ def _record(i: Mapping[str, Any]) -> UsageRecord:
                     _int(i, "cache_write_tokens")),
         list_cost=Decimal(i["list_cost"]["S"]), billed_cost=Decimal(i["billed_cost"]["S"]), tier=i["tier"]["S"],
         status=i["status"]["S"], started_at=_int(i, "started_at"), ended_at=_int(i, "ended_at"),
-        sandbox_ms=_int(i, "sandbox_ms"), currency=i["currency"]["S"])
+        sandbox_ms=_int(i, "sandbox_ms"), currency=i["currency"]["S"],
+        estimated=bool(i.get("usage_estimated", {}).get("BOOL", False)))
 
 
 def _budget(i: Mapping[str, Any]) -> Budget:

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore, Item, _conditional_failed, _k, _key, _n, _s
+from agentvm.adapters.aws.tenant_scope import check_scopable
 from agentvm.errors import AgentVMError
 
 if TYPE_CHECKING:
@@ -124,6 +125,8 @@ class EcsContainerTier:
         return int(clock() * 1000)
 
     async def start(self, tenant_id: str, container_id: str, session_id: str) -> None:
+        # a task runs with its tenant's scoped credentials only: refuse before queueing what none could run
+        check_scopable(tenant_id)
         key = _key(container_task_pk(tenant_id, container_id), SK)
         extra = {"tenant_id": tenant_id, "container_id": container_id, "session_id": session_id}
         # (a) queue the session first: whoever runs (or will run) for the container sees it.

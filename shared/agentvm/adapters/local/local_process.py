@@ -24,13 +24,20 @@ What stands between a tool and the host, in layers (each used when this machine 
   path), a private /tmp, its own /proc and a minimal /dev; no network, its own pid/ipc/uts namespaces;
   it dies with the server. As root, bubblewrap itself runs as root (no user namespace) and drops to
   `run_as` with setpriv inside.
+* **Network, as root without bubblewrap**: an empty network namespace (`unshare --net`, or unshare(2)
+  in the `preexec_fn`): no listening socket of the server, no loopback service is reachable.
 
+* **The whole call's memory and disk** (`call_guard.py`): `memory_bytes` holds for all the call's
+  processes together (a per-call memory cgroup where the host delegates one, else a watchdog summing
+  their memory), and with a `DiskPolicy` the workspace quota and the server's disk reserve hold while
+  the call runs (RLIMIT_FSIZE lowered to what remains of the quota, a watchdog measuring the workspace).
+
+Fail closed (`tool_sandbox.py`): with neither bubblewrap nor root, `run` and `sandboxed_argv` raise
+`SandboxUnavailable` unless the operator opted in (`unsafe_unsandboxed`); only then do tools run as the
+server's own user, with its network, confined by nothing but the env, the limits and the FileSystem.
 Without bubblewrap, a tool can read whatever its uid can: world-readable host files (/etc, /usr,
-/home/* when so permitted, /tmp), and it has the host's network; a process that calls `setsid`
-escapes the process-group kill unless a cgroup holds it. Server not running as root and no
-bubblewrap: tools run as the server's own user and can read what it can (its config, every
-workspace); only the scrubbed env, the limits and the workspace FileSystem's confinement remain.
-`no_new_privs` needs util-linux's setpriv (the `preexec_fn` launcher cannot set it).
+/home/* when so permitted, /tmp); a process that calls `setsid` escapes the process-group kill unless
+a cgroup holds it. `no_new_privs` needs util-linux's setpriv (the `preexec_fn` launcher cannot set it).
 """
 
 from __future__ import annotations
@@ -42,7 +49,6 @@ import os
 import posixpath
 import re
 import resource
-import secrets
 import shutil
 import signal
 import stat
@@ -56,12 +62,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from agentvm.errors import AgentVMError, InvalidRequest
+from agentvm.adapters.local.call_guard import CallGuard, MemoryCgroups, joining, memory_cgroups
+from agentvm.adapters.local.cgroups import PidsCgroups
+from agentvm.adapters.local.tool_sandbox import Isolation, ToolSandbox, assess, netns_entry, probe_unshare
+from agentvm.errors import AgentVMError, InvalidRequest, SandboxUnavailable
 from agentvm.sandbox.limits import Limits, ProcessResult
+from agentvm.sandbox.quota import DiskPolicy
 
 log = logging.getLogger(__name__)
 
-Isolation = Literal["auto", "bwrap", "none"]
 Launcher = Literal["auto", "exec", "preexec"]
 
 DEFAULT_RUN_AS = (65534, 65534)  # nobody:nogroup
@@ -88,147 +97,6 @@ def _spawn_background(coro: Coroutine[Any, Any, None]) -> None:
     task.add_done_callback(_background.discard)
 
 
-# -- cgroups -----------------------------------------------------------------------------------------
-
-
-class PidsCgroups:
-    """Per-call `pids` cgroups under a directory this process may write (cgroup v1 or v2)."""
-
-    def __init__(self, parent: Path, *, v2: bool) -> None:
-        self.parent = parent
-        self.v2 = v2
-
-    @classmethod
-    def find(cls) -> PidsCgroups | None:
-        """The pids cgroup parent for tool calls (created under our own cgroup), or None."""
-        try:
-            own = Path("/proc/self/cgroup").read_text().splitlines()
-            mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-        except OSError:
-            return None
-        for line in own:
-            hid, controllers, path = line.split(":", 2)
-            v2 = hid == "0" and controllers == ""
-            if not v2 and "pids" not in controllers.split(","):
-                continue
-            base = _cgroup_dir(mounts, path, v2=v2)
-            if base is None:
-                continue
-            found = cls._prepare(base, v2=v2)
-            if found is not None:
-                return found
-        return None
-
-    @classmethod
-    def _prepare(cls, base: Path, *, v2: bool) -> PidsCgroups | None:
-        parent = base / "agentvm-tools"
-        try:
-            if v2:
-                controls = (base / "cgroup.subtree_control").read_text().split()
-                if "pids" not in controls:
-                    (base / "cgroup.subtree_control").write_text("+pids")
-            parent.mkdir(exist_ok=True)
-            if v2 and "pids" not in (parent / "cgroup.subtree_control").read_text().split():
-                (parent / "cgroup.subtree_control").write_text("+pids")
-            found = cls(parent, v2=v2)
-            for stale in parent.glob("call-*"):  # left by a server that died
-                found.reap(stale)
-            probe = found.create(8)
-            found.remove_now(probe)
-            return found
-        except OSError:
-            return None
-
-    def create(self, max_pids: int) -> Path:
-        path = self.parent / f"call-{os.getpid()}-{secrets.token_hex(6)}"
-        path.mkdir()
-        try:
-            (path / "pids.max").write_text(str(max_pids))
-        except OSError:
-            with contextlib.suppress(OSError):
-                path.rmdir()
-            raise
-        return path
-
-    def reap(self, path: Path) -> None:
-        """Remove a call's cgroup left behind by a server that died (`kill -9`): without bubblewrap
-        (`--die-with-parent`) the tool's processes outlive it, and its timeout died with it, so they
-        are killed first. Cgroups of a live server (the pid in the name) are left alone."""
-        try:
-            pid = int(path.name.split("-")[1])
-            os.kill(pid, 0)
-            return  # that server still runs (or it is this one)
-        except ProcessLookupError:
-            pass
-        except (ValueError, IndexError, OSError):
-            return
-        for _ in range(100):  # killed processes leave the cgroup once they have exited
-            self.kill_all(path)
-            if self.remove_now(path):
-                return
-            time.sleep(0.01)
-
-    def kill_all(self, path: Path) -> None:
-        """SIGKILL every process in the cgroup, including those forked while killing."""
-        kill = path / "cgroup.kill"
-        if self.v2 and kill.exists():
-            with contextlib.suppress(OSError):
-                kill.write_text("1")
-                return
-        for _ in range(100):
-            try:
-                pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
-            except OSError:
-                return
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-
-    @staticmethod
-    def remove_now(path: Path) -> bool:
-        try:
-            path.rmdir()
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-
-    async def remove(self, path: Path) -> None:
-        """Remove the cgroup once its killed processes are gone."""
-        delay = 0.01
-        deadline = time.monotonic() + 10
-        while not self.remove_now(path):
-            if time.monotonic() > deadline:
-                log.warning("tool cgroup not removable", extra={"cgroup": str(path)})
-                return
-            self.kill_all(path)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
-
-
-def _cgroup_dir(mounts: list[str], path: str, *, v2: bool) -> Path | None:
-    """The directory of our cgroup `path` in the hierarchy mounted on this host (from mountinfo)."""
-    for line in mounts:
-        left, _, right = line.partition(" - ")
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or len(rfields) < 3:
-            continue
-        fstype, options = rfields[0], rfields[2].split(",")
-        if (v2 and fstype != "cgroup2") or (not v2 and (fstype != "cgroup" or "pids" not in options)):
-            continue
-        root, mount_point = fields[3], fields[4]
-        rel = path
-        if root != "/":
-            if not (path == root or path.startswith(root + "/")):
-                continue
-            rel = path[len(root):]
-        return Path(mount_point + rel.rstrip("/")) if rel not in ("", "/") else Path(mount_point)
-    return None
-
-
 # -- what this host offers (probed once per server process) -------------------------------------------
 
 
@@ -242,6 +110,9 @@ class Host:
     bwrap_problem: str | None  # why not, when it is not usable
     cgroups: PidsCgroups | None
     nice: str | None = None  # coreutils' nice, for the exec chain
+    unshare: str | None = None  # util-linux's unshare, when `unshare --net` works here (as root)
+    unshare_problem: str | None = None  # why not
+    memory: MemoryCgroups | None = None  # per-call memory cgroups (call_guard.py), when this host delegates them
 
     @property
     def exec_launcher(self) -> bool:
@@ -270,6 +141,7 @@ def reap_dead_tools() -> None:
     (`PidsCgroups.reap`). Blocking; `avm serve` calls it at start-up (the first tool call would)."""
     if sys.platform.startswith("linux"):
         PidsCgroups.find()
+        memory_cgroups()
 
 
 def _probe() -> Host:
@@ -288,8 +160,11 @@ def _probe() -> Host:
         problem = _probe_bwrap(bwrap, privileged, setpriv)
         if problem is not None:
             bwrap = None
+    unshare, unshare_problem = probe_unshare(shutil.which("unshare")) if privileged else (None, "not root")
     return Host(privileged=privileged, prlimit=prlimit, setpriv=setpriv, sh=sh, bwrap=bwrap,
-                bwrap_problem=problem, cgroups=cgroups, nice=shutil.which("nice"))
+                bwrap_problem=problem, cgroups=cgroups, nice=shutil.which("nice"), unshare=unshare,
+                unshare_problem=unshare_problem,
+                memory=memory_cgroups()[0] if sys.platform.startswith("linux") else None)
 
 
 def _probe_bwrap(bwrap: str, privileged: bool, setpriv: str | None) -> str | None:
@@ -431,25 +306,37 @@ class _Plan:
     workdir: str
     preexec: Callable[[], None] | None
     cgroup: Path | None
+    guard: CallGuard | None = None  # the whole call's memory and disk (None: a long-running process)
 
 
 class LocalProcessRunner:
     """ProcessRunner for one workspace root on this machine (see the module docstring).
 
-    `isolation`: "auto" uses bubblewrap when it is installed and works here (else logs one warning
-    and goes on without); "bwrap" requires it; "none" never uses it. `run_as` (uid, gid): who tools
+    `isolation`: "auto" uses bubblewrap when it works here (else, as root, the uid drop and a network
+    namespace); "bwrap" requires it; "none" never uses it. With no isolating sandbox runs are refused
+    unless `unsafe_unsandboxed`; `private_network` False: the uid drop isolates without a network
+    namespace (the worker, which listens on nothing; tool_sandbox.py). `run_as` (uid, gid): who tools
     run as when the server is root (default: the root directory's owner, or nobody). `pids_cgroup`:
     use a per-call pids cgroup when one is available. `launcher`: "exec" (prlimit/setpriv/sh chain),
-    "preexec" (a `preexec_fn` in the child), "auto" the former when util-linux is there."""
+    "preexec" (a `preexec_fn` in the child), "auto" the former when util-linux is there.
+    `memory_cgroup`: hold a call's memory in a per-call memory cgroup when one is available (else a
+    watchdog does); `disk`: the workspace quota and disk reserve its calls are held to (`call_guard.py`)."""
 
     def __init__(self, root: Path, *, isolation: Isolation = "auto", run_as: tuple[int, int] | None = None,
-                 pids_cgroup: bool = True, launcher: Launcher = "auto") -> None:
+                 pids_cgroup: bool = True, launcher: Launcher = "auto", unsafe_unsandboxed: bool = False,
+                 private_network: bool = True, memory_cgroup: bool = True,
+                 disk: DiskPolicy | None = None) -> None:
         self.root = Path(os.path.realpath(root))
         self.isolation: Isolation = isolation
         self.pids_cgroup = pids_cgroup
         self.launcher: Launcher = launcher
+        self.unsafe_unsandboxed = unsafe_unsandboxed
+        self.private_network = private_network
+        self.memory_cgroup = memory_cgroup
+        self.disk = disk
         self._run_as_arg = run_as
         self.run_as: tuple[int, int] | None = None  # resolved at first use
+        self.sandbox: ToolSandbox | None = None  # what this runner gives tools, known at first use
         self._ready = False
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -466,14 +353,23 @@ class LocalProcessRunner:
         if not self.root.is_dir():
             raise AgentVMError(f"workspace root {str(self.root)!r} does not exist")
         uses_bwrap = self._uses_bwrap(host)
-        if self.isolation == "auto" and not uses_bwrap and not _warned:
+        sandbox = assess(host, self.isolation, unsafe=self.unsafe_unsandboxed, private_network=self.private_network,
+                         uses_bwrap=uses_bwrap)
+        if sandbox.refusal is not None:
+            raise SandboxUnavailable(f"Tools cannot run: {sandbox.refusal}")
+        self.sandbox = sandbox
+        if sandbox.mode == "unsafe-unsandboxed" and not _warned:
+            _warned = True
+            log.warning(f"UNSAFE: {sandbox.warning}")
+        elif self.isolation == "auto" and not uses_bwrap and not _warned:
             _warned = True
             extra = " and an unprivileged uid" if host.privileged else ""
+            netns = ", in its own network namespace" if host.unshare is not None else ", with this host's network"
             reason = host.bwrap_problem or "it needs util-linux's prlimit and setpriv as root"
             log.warning(
                 f"bubblewrap not usable ({reason}): the tool sandbox relies on rlimits, "
-                f"a scrubbed environment and path confinement{extra} only; tools can read what their "
-                f"uid can read on this host and use its network")
+                f"a scrubbed environment and path confinement{extra} only{netns}; tools can read what "
+                f"their uid can read on this host")
         if not host.privileged:
             return
         st = os.stat(self.root)
@@ -503,7 +399,8 @@ class LocalProcessRunner:
         if self.isolation == "none":
             return False
         if self.isolation == "bwrap" and host.bwrap is None:
-            raise AgentVMError(f"bubblewrap was required but is not usable: {host.bwrap_problem}")
+            raise SandboxUnavailable(f"bubblewrap was required but is not usable: {host.bwrap_problem}. Install "
+                                     "bubblewrap (`apt-get install bubblewrap`) or set AVM_SANDBOX_ISOLATION=auto.")
         if host.bwrap is None:
             return False
         # As root, bwrap needs the exec chain (setpriv inside it); the preexec_fn would drop the uid first.
@@ -554,6 +451,8 @@ class LocalProcessRunner:
         except (OSError, subprocess.SubprocessError) as exc:
             if plan.cgroup is not None and host.cgroups is not None:
                 host.cgroups.remove_now(plan.cgroup)
+            if plan.guard is not None:
+                await plan.guard.finish()
             message = f"{argv[0]}: {exc.strerror if isinstance(exc, OSError) else exc}\n".encode()
             return ProcessResult(exit_code=127, stdout=b"", stderr=message, output_bytes=0, truncated=False,
                                  killed=None, duration_ms=int((time.monotonic() - started) * 1000))
@@ -564,12 +463,20 @@ class LocalProcessRunner:
         feeder = asyncio.ensure_future(_feed(proc.stdin, stdin)) if stdin is not None else None
         exited = asyncio.ensure_future(_exit_status(proc))
         over = asyncio.ensure_future(out.over.wait())
+        guard = plan.guard
+        watched = [over]  # what ends the call early: its output, and a whole-call limit (call_guard.py)
+        if guard is not None:
+            guard.start(proc.pid)
+            watched.append(asyncio.ensure_future(guard.tripped.wait()))
         killed: str | None = None
         try:
-            done, _ = await asyncio.wait({exited, over}, timeout=limits.timeout_s,
+            done, _ = await asyncio.wait({exited, *watched}, timeout=limits.timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
             if exited not in done:
-                killed = "output_limit" if out.over.is_set() else "timeout"
+                if guard is not None and guard.reason is not None:
+                    killed = guard.reason
+                else:
+                    killed = "output_limit" if out.over.is_set() else "timeout"
             # Whatever is left of the tool goes: the whole tree at a limit, background children after.
             self._kill(proc.pid, plan, host)
             returncode = await asyncio.wait_for(asyncio.shield(exited), _REAP_S)
@@ -579,9 +486,16 @@ class LocalProcessRunner:
             await asyncio.wait([*pumps, closed], timeout=_DRAIN_S)
         except BaseException:  # cancelled (an interrupted turn): kill, and clean up in the background
             self._kill(proc.pid, plan, host)
-            _spawn_background(self._cleanup(plan, host, [*pumps, over, exited], feeder))
+            _spawn_background(self._cleanup(plan, host, [*pumps, *watched, exited], feeder))
+            if guard is not None:
+                guard.abandon()
+                _spawn_background(guard.finish())
             raise
-        await self._cleanup(plan, host, [*pumps, over, closed], feeder)
+        await self._cleanup(plan, host, [*pumps, *watched, closed], feeder)
+        if guard is not None:
+            await guard.finish()
+            if killed is None:
+                killed = guard.verdict(returncode)
         duration_ms = int((time.monotonic() - started) * 1000)
 
         exit_code: int | None = returncode
@@ -596,7 +510,7 @@ class LocalProcessRunner:
             exit_code = None
         return ProcessResult(exit_code=exit_code, stdout=bytes(out.stdout), stderr=bytes(out.stderr),
                              output_bytes=out.total, truncated=out.total > out.kept, killed=killed,
-                             duration_ms=duration_ms)
+                             duration_ms=duration_ms, workspace_bytes=guard.workspace_bytes if guard else None)
 
     async def sandboxed_argv(self, argv: Sequence[str], *, cwd: str, limits: Limits) -> tuple[list[str], str]:
         """The argv and absolute workdir that start a long-running process (an MCP stdio server) with a
@@ -620,7 +534,7 @@ class LocalProcessRunner:
 
         def plan() -> _Plan:  # without a cgroup: the launcher chain (or, without prlimit, what it wraps)
             rel = os.path.relpath(os.path.realpath(cwd), self.root) if os.path.isabs(cwd) else cwd
-            return self._plan(replace(host, cgroups=None), list(argv), rel, limits)
+            return self._plan(replace(host, cgroups=None), list(argv), rel, limits, guarded=False)
 
         planned = await asyncio.to_thread(plan)
         return planned.argv, planned.workdir
@@ -630,6 +544,8 @@ class LocalProcessRunner:
             os.killpg(pid, signal.SIGKILL)
         if plan.cgroup is not None and host.cgroups is not None:
             host.cgroups.kill_all(plan.cgroup)
+        if plan.guard is not None:
+            plan.guard.kill()
 
     async def _cleanup(self, plan: _Plan, host: Host, tasks: list[asyncio.Future[Any]],
                        feeder: asyncio.Future[None] | None) -> None:
@@ -639,11 +555,13 @@ class LocalProcessRunner:
         if plan.cgroup is not None and host.cgroups is not None and not host.cgroups.remove_now(plan.cgroup):
             _spawn_background(host.cgroups.remove(plan.cgroup))  # its processes are still being reaped
 
-    def _plan(self, host: Host, argv: list[str], cwd: str, limits: Limits) -> _Plan:
-        """The argv to spawn (and the preexec_fn): cgroup, rlimits, bwrap, uid drop, command."""
+    def _plan(self, host: Host, argv: list[str], cwd: str, limits: Limits, *, guarded: bool = True) -> _Plan:
+        """The argv to spawn (and the preexec_fn): cgroup, rlimits, bwrap or a network namespace, uid
+        drop, command."""
         workdir = self._workdir(cwd)
         bwrap = self._uses_bwrap(host)
         exec_launcher = self._exec_launcher(host)
+        netns = not bwrap and host.privileged and host.unshare is not None  # entered before the uid drop
         cgroups = host.cgroups if self.pids_cgroup else None
         cgroup: Path | None = None
         if cgroups is not None:
@@ -651,6 +569,9 @@ class LocalProcessRunner:
                 cgroup = cgroups.create(limits.processes + (2 if bwrap else 0))
             except OSError as exc:
                 log.warning(f"no pids cgroup for this tool call ({exc}): RLIMIT_NPROC only")
+        guard = CallGuard.prepare(self.root, limits, disk=self.disk, pids_cgroup=cgroup,
+                                  memory=host.memory if self.memory_cgroup else None) if guarded else None
+        fsize = guard.file_size_bytes if guard is not None else limits.file_size_bytes  # what the quota leaves
         nproc: int | None = None
         if cgroup is None:
             if self.run_as is not None:
@@ -661,7 +582,7 @@ class LocalProcessRunner:
         rlimits: list[tuple[int, int, int]] = [
             (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),
             (resource.RLIMIT_AS, limits.memory_bytes, limits.memory_bytes),
-            (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
+            (resource.RLIMIT_FSIZE, fsize, fsize),
             (resource.RLIMIT_CORE, 0, 0),
         ]
         if nproc is not None:
@@ -676,7 +597,10 @@ class LocalProcessRunner:
             inner = [host.bwrap, *_bwrap_args(str(self.root), workdir, privileged=host.privileged), "--", *inner]
         if not exec_launcher:
             procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
-            return _Plan(inner, workdir, _child_setup(procs, rlimits, self.run_as), cgroup)
+            setup = _child_setup(procs, rlimits, self.run_as, netns=netns)
+            return _Plan(inner, workdir, joining(guard.join, setup) if guard and guard.join else setup, cgroup, guard)
+        if netns and host.unshare is not None:
+            inner = [host.unshare, "--net", "--", *inner]
         assert host.prlimit is not None
         names = {resource.RLIMIT_CPU: "cpu", resource.RLIMIT_AS: "as", resource.RLIMIT_FSIZE: "fsize",
                  resource.RLIMIT_CORE: "core", resource.RLIMIT_NPROC: "nproc"}
@@ -684,12 +608,16 @@ class LocalProcessRunner:
         chain = [host.prlimit, *(f"--{names[r]}={soft}:{hard}" for r, soft, hard in rlimits), "--", *niced, *inner]
         if cgroup is not None:
             chain = [host.sh, "-c", _CG_JOIN, str(cgroup / "cgroup.procs"), *chain]
-        return _Plan(chain, workdir, None, cgroup)
+        for procs_file in guard.join if guard is not None else []:
+            chain = [host.sh, "-c", _CG_JOIN, str(procs_file), *chain]
+        return _Plan(chain, workdir, None, cgroup, guard)
 
 
 def _child_setup(procs: str | None, rlimits: list[tuple[int, int, int]],
-                 run_as: tuple[int, int] | None) -> Callable[[], None]:
-    """A preexec_fn (runs in the forked child): join the cgroup, set the rlimits, leave root."""
+                 run_as: tuple[int, int] | None, *, netns: bool = False) -> Callable[[], None]:
+    """A preexec_fn (runs in the forked child): join the cgroup, set the rlimits, enter an empty network
+    namespace, leave root. A failure raises: the command does not start (fail closed)."""
+    enter_netns = netns_entry() if netns else None  # looked up before the fork
 
     def setup() -> None:
         if procs is not None:
@@ -703,6 +631,8 @@ def _child_setup(procs: str | None, rlimits: list[tuple[int, int, int]],
                 resource.setrlimit(res, (soft, hard))
         with contextlib.suppress(OSError):
             os.nice(TOOL_NICENESS)
+        if enter_netns is not None:
+            enter_netns()
         if run_as is not None:
             os.setgroups([])
             os.setresgid(run_as[1], run_as[1], run_as[1])

@@ -260,4 +260,9 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE turns ADD COLUMN first_token_ms INTEGER;
     """,
+    # 11: a usage record says whether its output tokens are an estimate (a stream that broke after
+    # output was streamed: docs/billing.md)
+    """
+    ALTER TABLE usage_records ADD COLUMN usage_estimated INTEGER NOT NULL DEFAULT 0;
+    """,
 ]

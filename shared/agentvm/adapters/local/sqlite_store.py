@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from agentvm.adapters.local.sqlite_integrity import StorageHealth, damaged, is_damage, is_storage_failure
 from agentvm.adapters.local.sqlite_schema import MIGRATIONS
 from agentvm.domain.cursors import next_turn_cursor, turn_cursor
 from agentvm.domain.message_text import (
@@ -49,7 +50,7 @@ from agentvm.domain.models import (
     TurnStatus,
     Usage,
 )
-from agentvm.errors import Conflict, InvalidRequest, NotFound
+from agentvm.errors import Conflict, InvalidRequest, NotFound, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class SqliteStore:
         self._path = str(path)
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self.health = StorageHealth(self._path)  # storage failures seen, for /health
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -75,7 +77,15 @@ class SqliteStore:
         ready: Future[None] = Future()
         self._thread = threading.Thread(target=self._worker, args=(ready,), name="sqlite-store", daemon=True)
         self._thread.start()
-        await asyncio.wrap_future(ready)
+        try:
+            await asyncio.wrap_future(ready)
+        except sqlite3.Error as exc:
+            self._thread = None
+            if is_damage(exc):
+                raise damaged(self._path, str(exc)) from None
+            if is_storage_failure(exc):
+                raise StorageUnavailable(f"the database {self._path} cannot be opened ({exc})") from None
+            raise
 
     async def close(self) -> None:
         if self._thread is None:
@@ -186,7 +196,30 @@ class SqliteStore:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         self._jobs.put((fn, loop, fut))
-        return await fut
+        try:
+            value = await fut
+        except sqlite3.Error as exc:
+            if not is_storage_failure(exc):
+                raise
+            raise self.health.failed(exc) from exc
+        self.health.succeeded()
+        return value
+
+    async def probe(self) -> None:
+        """A cheap read for health checks; `StorageUnavailable` while a storage failure stands."""
+        await self.last_seq("health", "health")
+        if problems := self.health.problems():
+            raise StorageUnavailable(problems[0])
+
+    async def problems(self) -> list[str]:
+        """What /health says about the storage: a probe read, then the failures seen (`StorageHealth`)."""
+        try:
+            await asyncio.wait_for(self.last_seq("health", "health"), 5)
+        except StorageUnavailable:
+            pass  # recorded in self.health
+        except TimeoutError:
+            return ["storage: a read took more than 5 s", *self.health.problems()]
+        return self.health.problems()
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn(connection)` on the store's thread, like the store's own methods: in a savepoint

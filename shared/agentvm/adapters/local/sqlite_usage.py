@@ -1,7 +1,7 @@
 """The UsageLedger port on the local SQLite database (`usage_records`, `budgets`, `spend` and
-`rate_windows` from schema version 8, `holds` from 9). `key_id` '' stands for the tenant's own budget,
-counters and windows; a hold's row names its turn, its month, its amount and the key whose counter it
-also holds ('' when only the tenant's).
+`rate_windows` from schema version 8, `holds` from 9, `usage_records.usage_estimated` from 11).
+`key_id` '' stands for the tenant's own budget, counters and windows; a hold's row names its turn,
+its month, its amount and the key whose counter it also holds ('' when only the tenant's).
 
 Money is Decimal text; arithmetic happens in Python. Every method is one job of the store, and the
 store runs each job in a savepoint of a `BEGIN IMMEDIATE` transaction on its single writer thread:
@@ -21,7 +21,7 @@ from agentvm.domain.usage import Budget, CounterDeltas, Spend, UsageRecord, prec
 
 _RECORD_COLS = ("tenant_id, record_id, key_id, container_id, image_id, session_id, turn_id, kind, provider, "
                 "model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, sandbox_ms, "
-                "list_cost, billed_cost, currency, tier, status, started_at, ended_at")
+                "list_cost, billed_cost, currency, tier, status, started_at, ended_at, usage_estimated")
 _ZERO = Decimal(0)
 #: Rate windows older than this many minutes are dropped when their budget counts a new request.
 _WINDOW_KEEP_MIN = 5
@@ -87,7 +87,7 @@ class SqliteUsageLedger:
                      key_held: bool) -> bool:
         def job(c: sqlite3.Connection) -> bool:
             cur = c.execute(f"INSERT OR IGNORE INTO usage_records ({_RECORD_COLS}) "
-                            f"VALUES ({','.join('?' * 22)})", _record_row(record))
+                            f"VALUES ({','.join('?' * 23)})", _record_row(record))
             if cur.rowcount != 1:
                 return False
             held = reserved if reserved and _drop_hold(c, record.tenant_id, record.turn_id) else _ZERO
@@ -228,7 +228,7 @@ def _record_row(r: UsageRecord) -> tuple[Any, ...]:
     return (r.tenant_id, r.record_id, r.key_id, r.container_id, r.image_id, r.session_id, r.turn_id, r.kind,
             r.provider, r.model, u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens,
             r.sandbox_ms, _text(r.list_cost), _text(r.billed_cost), r.currency, r.tier, r.status, r.started_at,
-            r.ended_at)
+            r.ended_at, int(r.estimated))
 
 
 def _record(r: tuple[Any, ...]) -> UsageRecord:
@@ -236,7 +236,7 @@ def _record(r: tuple[Any, ...]) -> UsageRecord:
                        session_id=r[5], turn_id=r[6], kind=r[7], provider=r[8], model=r[9],
                        usage=Usage(r[10], r[11], r[12], r[13]), sandbox_ms=r[14], list_cost=Decimal(r[15]),
                        billed_cost=Decimal(r[16]), currency=r[17], tier=r[18], status=r[19], started_at=r[20],
-                       ended_at=r[21])
+                       ended_at=r[21], estimated=bool(r[22]))
 
 
 if TYPE_CHECKING:
