@@ -24,8 +24,10 @@ $(DEV_STAMP): $(BIN)/python
 serve: $(RUNTIME_STAMP)  ## run avm serve on 127.0.0.1:8080 (data in ~/.agentvm); extra flags via ARGS=...
 	$(BIN)/avm serve $(ARGS)
 
-lint: $(DEV_STAMP)
+lint: $(DEV_STAMP)  ## ruff, and the import rules of pyproject.toml's [tool.importlinter] (docs/architecture.md)
 	$(BIN)/ruff check shared local tests functions
+	@# this tree's packages, whichever checkout the venv's editable install points at
+	PYTHONPATH=shared:local$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/lint-imports --no-logo
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
@@ -52,7 +54,7 @@ bench: $(DEV_STAMP)  ## full benchmarks; results go to docs/benchmarks.md and do
 	$(BIN)/python -m tests.bench.cost_model --counts .bench/aws-calls.json
 
 clean:
-	rm -rf $(VENV) $(FOCUS_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FOCUS_VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
 
 # --- AWS SAM CLI (template checks and `sam build`) ------------------------------------------------
 # The SAM CLI lives in its own virtualenv: its boto3 pin conflicts with aioboto3's in $(VENV).

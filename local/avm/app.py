@@ -20,6 +20,7 @@ from agentvm.adapters.local.hub_feed import HubFeeds
 from agentvm.adapters.local.local_container_tier import LocalContainerTier
 from agentvm.adapters.local.local_disk import LocalDisk
 from agentvm.adapters.local.local_env import EnvLLMProvider, ProcessEnv
+from agentvm.adapters.local.local_fs import LocalFileSystem
 from agentvm.adapters.local.local_process import LocalProcessRunner, probe_host, reap_dead_tools
 from agentvm.adapters.local.sqlite_config import SqliteConfigStore
 from agentvm.adapters.local.sqlite_keys import SqliteKeys
@@ -30,14 +31,14 @@ from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
 from agentvm.adapters.local.ws_hub import LocalHub
 from agentvm.api.http_app import HttpApi, create_app
 from agentvm.api.ws_router import CommandRouter
-from agentvm.auth.api_keys import ApiKey, Authenticator, extract_token, http_token, require_operator
+from agentvm.auth.api_keys import Authenticator, extract_token, http_token, require_operator
 from agentvm.config import Settings
-from agentvm.domain.models import DEFAULT_TENANT, Principal
+from agentvm.domain.models import DEFAULT_TENANT, ApiKey, Principal
+from agentvm.domain.sandbox_limits import Limits
 from agentvm.drivers.scripted import ScriptedDriver
 from agentvm.engine.runner import EngineOptions
 from agentvm.ids import now_ms
 from agentvm.ports import Driver
-from agentvm.sandbox.limits import Limits
 from agentvm.sandbox.quota import DiskPolicy, free_space
 from agentvm.sandbox.uids import ToolUids
 from agentvm.services.billing import BillingService
@@ -128,7 +129,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
     process_for = functools.partial(LocalProcessRunner, isolation=settings.sandbox_isolation,
                                      unsafe_unsandboxed=settings.unsafe_unsandboxed_tools, disk=disk)
     mcp, stdio = McpPool(idle_s=settings.mcp_idle_s, call_timeout_s=settings.tool_timeout_s), StdioSchemas()
-    sandbox = LocalContainerTier(WorkspaceTools(LocalDisk(settings.data_dir), process_for,
+    sandbox = LocalContainerTier(WorkspaceTools(LocalDisk(settings.data_dir), LocalFileSystem, process_for,
                                                 uids=ToolUids(settings.data_dir / "tool-uids.json"),
                                                 limits=Limits(timeout_s=settings.tool_timeout_s),
                                                 preview_bytes=settings.tool_preview_bytes, mcp=mcp, stdio=stdio,

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
-from agentvm.auth.api_keys import ApiKey
 from agentvm.domain.models import (
     Agent,
+    ApiKey,
     Checkpoint,
     ConfigChange,
     ConnectionRecord,
@@ -24,12 +24,12 @@ from agentvm.domain.models import (
     StoredMessage,
     Subscription,
     Turn,
+    Usage,
 )
-from agentvm.domain.usage import Budget, Spend, UsageRecord
-from agentvm.drivers.base import DriverEvent, LLMRequest
-
-if TYPE_CHECKING:  # types only: importing ports does not load the sandbox package (and no import cycle)
-    from agentvm.sandbox.limits import Limits, ProcessResult
+from agentvm.domain.sandbox_limits import Limits, ProcessResult
+from agentvm.domain.usage import Budget, Hold, Spend, UsageRecord
+from agentvm.drivers.base import DriverEvent, LLMRequest, ToolOutcome
+from agentvm.money import Cost, ModelPrice
 
 
 class Store(Protocol):
@@ -270,6 +270,26 @@ class ContainerTier(Protocol):
     async def start(self, tenant_id: str, container_id: str, session_id: str) -> None: ...
 
 
+class ToolRunner(Protocol):
+    """The tools of one turn (engine/tools.py composes them; tools/ implements them)."""
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """Tool definitions given to the model (Anthropic `tools` shape)."""
+        ...
+
+    def needs_sandbox(self, name: str) -> bool:
+        """Whether the tool runs only in the container tier."""
+        ...
+
+    async def run(self, name: str, input_: dict[str, Any]) -> ToolOutcome: ...
+
+
+class ToolProvider(Protocol):
+    """The tools of a turn, from its image's config (the tool set and the container's workspace)."""
+
+    async def for_image(self, image: Image) -> ToolRunner: ...
+
+
 class Driver(Protocol):
     """An LLM driver: one streamed model call, as a sequence of neutral driver events."""
 
@@ -435,6 +455,29 @@ class UsageLedger(Protocol):
         ...
 
 
+class CallMeter(Protocol):
+    """The budgets around the engine's LLM calls (services/metering.py's `Meter`): a new turn admitted
+    against the rate limits, each call's worst case held before it and settled (or released) after it,
+    a container-tier turn's sandbox time recorded, and a dead runner's holds given back."""
+
+    async def admit(self, turn: Turn) -> None:
+        """`RateLimited` when a requests-per-minute limit is full."""
+        ...
+
+    async def hold(self, turn: Turn, request: LLMRequest, *, markup: Decimal,
+                   prices: Mapping[str, ModelPrice] | None = None) -> Hold:
+        """`QuotaExceeded` when the call's worst case does not fit the budgets."""
+        ...
+
+    async def release(self, turn: Turn, hold: Hold) -> None: ...
+    async def settle(self, turn: Turn, hold: Hold, *, call: int, provider: str, model: str, usage: Usage,
+                     cost: Cost, status: str, estimated: bool = False) -> UsageRecord: ...
+    async def sandbox(self, turn: Turn, *, started_at: int) -> UsageRecord: ...
+    async def release_lost(self, turn: Turn) -> Decimal:
+        """What a turn whose runner died during an LLM call still holds, given back; the amount."""
+        ...
+
+
 class FileSystem(Protocol):
     """Files confined to a root; every path is relative (POSIX). Escapes raise InvalidRequest(field="path").
 
@@ -466,6 +509,35 @@ class FileSystem(Protocol):
     async def remove(self, path: str) -> bool:
         """Remove a file, a symlink (not its target) or a directory tree; False when absent."""
         ...
+
+
+class BlobStore(Protocol):
+    """Large payloads kept out of the Store (attachments, big tool output, exports), as bytes by key
+    (S3 in the cloud). Keys are relative paths (`a/b.txt`): no leading `/`, no `.` or `..` segment."""
+
+    async def put(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        """Store (or replace) the blob; returns the key."""
+        ...
+
+    async def get(self, key: str) -> bytes | None:
+        """The blob, or None when there is none."""
+        ...
+
+    async def delete(self, key: str) -> bool:
+        """True when a blob was deleted."""
+        ...
+
+    async def exists(self, key: str) -> bool: ...
+
+    async def url(self, key: str, expires_s: int = 3600) -> str:
+        """A time-limited URL that reads the blob without credentials (presigned GET)."""
+        ...
+
+
+class FileSystemFactory(Protocol):
+    """Makes the `FileSystem` of a workspace root; `owner`: the (uid, gid) its new files get (as root)."""
+
+    def __call__(self, root: Path, *, owner: tuple[int, int] | None = None) -> FileSystem: ...
 
 
 class Env(Protocol):

@@ -9,9 +9,9 @@ import botocore.session
 import httpx
 import pytest
 
-from agentvm.adapters.aws.blob_port import BlobStore
 from agentvm.adapters.aws.s3_blobs import S3BlobStore
 from agentvm.errors import InvalidRequest
+from agentvm.ports import BlobStore
 from tests.adapters.conftest import bucket_keys
 
 if TYPE_CHECKING:

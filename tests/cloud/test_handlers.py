@@ -13,9 +13,9 @@ import pytest
 
 from agentvm import __version__
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
-from agentvm.auth.api_keys import ApiKey, new_key
+from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
-from agentvm.domain.models import ConnectionRecord, Subscription
+from agentvm.domain.models import ApiKey, ConnectionRecord, Subscription
 from tests.support.cloud_edge import load_handler
 from tests.support.moto_posts import posted_frames
 

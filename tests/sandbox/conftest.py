@@ -9,7 +9,8 @@ from typing import cast
 
 import pytest
 
-from agentvm.adapters.local.local_process import Host, Isolation, probe_host
+from agentvm.adapters.local.local_process import Isolation, probe_host
+from agentvm.adapters.local.tool_sandbox import Host
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="needs a server running as root (tools then drop to another uid)")

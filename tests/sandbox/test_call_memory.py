@@ -13,9 +13,11 @@ import pytest
 
 from agentvm.adapters.local import call_guard
 from agentvm.adapters.local.call_guard import MemoryCgroups, memory_cgroups
+from agentvm.adapters.local.local_fs import LocalFileSystem
 from agentvm.adapters.local.local_process import LocalProcessRunner
 from agentvm.adapters.local.tool_sandbox import Isolation
-from agentvm.sandbox import Limits, Runtime, Workspace
+from agentvm.domain.sandbox_limits import Limits
+from agentvm.sandbox import Runtime, Workspace
 from agentvm.tools.builtin import BuiltinTools
 
 LIMIT = 256 << 20
@@ -50,7 +52,7 @@ def _available() -> int:
 
 
 async def _runtime(base: Path, uid: int, isolation: Isolation, **runner: object) -> Runtime:
-    ws = await Workspace.open(base / "c1", owner=(uid, uid))
+    ws = await Workspace.open(base / "c1", LocalFileSystem, owner=(uid, uid))
     (ws.root / "fork.py").write_text(FORK)
     return Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation, **runner))  # type: ignore[arg-type]
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from agentvm.adapters.local.local_fs import LocalFileSystem
 from agentvm.adapters.local.local_process import LocalProcessRunner
-from agentvm.sandbox import Limits, Runtime, Workspace
+from agentvm.domain.sandbox_limits import Limits
+from agentvm.sandbox import Runtime, Workspace
 from agentvm.sandbox.quota import DiskPolicy, free_space, size_text, workspace_usage
 from agentvm.tools.builtin import BuiltinTools
 
@@ -21,7 +23,7 @@ QUOTA_KILLED = "killed\n[killed: the workspace quota of 1 MiB was reached; remov
 
 
 async def _tools(base: Path, uid: int, disk: DiskPolicy, *, preview_bytes: int = 16 * 1024) -> BuiltinTools:
-    ws = await Workspace.open(base / "c1", owner=(uid, uid))
+    ws = await Workspace.open(base / "c1", LocalFileSystem, owner=(uid, uid))
     rt = Runtime(ws, LocalProcessRunner(ws.root, isolation="auto", disk=disk))
     return BuiltinTools(rt, ALL, limits=QUICK, disk=disk, preview_bytes=preview_bytes)
 

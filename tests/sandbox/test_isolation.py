@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from agentvm.adapters.local.local_process import Host, Isolation, LocalProcessRunner
-from agentvm.sandbox import Limits, Runtime, Workspace
+from agentvm.adapters.local.local_fs import LocalFileSystem
+from agentvm.adapters.local.local_process import Isolation, LocalProcessRunner
+from agentvm.adapters.local.tool_sandbox import Host
+from agentvm.domain.sandbox_limits import Limits
+from agentvm.sandbox import Runtime, Workspace
 from tests.sandbox.conftest import ROOT, needs_root
 
 QUICK = Limits(timeout_s=10)
@@ -24,8 +27,8 @@ SECRET = b"container B's secret"
 
 
 async def _pair(base: Path, uid_a: int, uid_b: int, isolation: Isolation) -> tuple[Runtime, Workspace]:
-    a = await Workspace.open(base / "containers" / "a", owner=(uid_a, uid_a))
-    b = await Workspace.open(base / "containers" / "b", owner=(uid_b, uid_b))
+    a = await Workspace.open(base / "containers" / "a", LocalFileSystem, owner=(uid_a, uid_a))
+    b = await Workspace.open(base / "containers" / "b", LocalFileSystem, owner=(uid_b, uid_b))
     await b.fs.write_bytes("projects/secret.txt", SECRET)
     return Runtime(a, LocalProcessRunner(a.root, isolation=isolation)), b
 

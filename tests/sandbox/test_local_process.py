@@ -14,16 +14,19 @@ from pathlib import Path
 import pytest
 
 from agentvm.adapters.local import local_process
-from agentvm.adapters.local.local_process import TOOL_NICENESS, Host, Isolation, LocalProcessRunner, probe_host
+from agentvm.adapters.local.local_fs import LocalFileSystem
+from agentvm.adapters.local.local_process import TOOL_NICENESS, Isolation, LocalProcessRunner, probe_host
+from agentvm.adapters.local.tool_sandbox import Host
+from agentvm.domain.sandbox_limits import Limits
 from agentvm.errors import AgentVMError, InvalidRequest
-from agentvm.sandbox import Limits, Runtime, Workspace
+from agentvm.sandbox import Runtime, Workspace
 from tests.sandbox.conftest import ROOT, UNSAFE_IF_NOT_ROOT, needs_root, user_tasks
 
 QUICK = Limits(timeout_s=10)
 
 
 async def _runtime(base: Path, uid: int, isolation: Isolation, **runner: object) -> Runtime:
-    ws = await Workspace.open(base / "c1", owner=(uid, uid))
+    ws = await Workspace.open(base / "c1", LocalFileSystem, owner=(uid, uid))
     runner.setdefault("unsafe_unsandboxed", UNSAFE_IF_NOT_ROOT)
     return Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation, **runner))  # type: ignore[arg-type]
 
@@ -220,7 +223,7 @@ async def test_one_warning_when_bwrap_is_not_usable(base: Path, tool_uid: int, c
     monkeypatch.setattr(local_process, "_warned", False)
     caplog.set_level(logging.WARNING, logger=local_process.__name__)
     for name in ("a", "b"):
-        ws = await Workspace.open(base / name, owner=(tool_uid, tool_uid))
+        ws = await Workspace.open(base / name, LocalFileSystem, owner=(tool_uid, tool_uid))
         rt = Runtime(ws, LocalProcessRunner(ws.root))
         assert (await rt.exec("echo hi", limits=QUICK)).stdout == b"hi\n"
     warnings = [r.getMessage() for r in caplog.records if "bubblewrap" in r.getMessage()]

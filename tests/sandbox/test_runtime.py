@@ -8,22 +8,24 @@ from pathlib import Path
 
 import pytest
 
+from agentvm.adapters.local.local_fs import LocalFileSystem
 from agentvm.adapters.local.local_process import Isolation, LocalProcessRunner
-from agentvm.sandbox import SAFE_PATH, Limits, Runtime, Workspace, tool_env
+from agentvm.domain.sandbox_limits import Limits
+from agentvm.sandbox import SAFE_PATH, Runtime, Workspace, tool_env
 from tests.sandbox.conftest import ROOT, UNSAFE_IF_NOT_ROOT, needs_root
 
 QUICK = Limits(timeout_s=10)
 
 
 async def test_workspace_open_creates_the_layout(base: Path) -> None:
-    ws = await Workspace.open(base / "containers" / "c1")
+    ws = await Workspace.open(base / "containers" / "c1", LocalFileSystem)
     assert ws.root == base / "containers" / "c1"
     assert stat.S_IMODE(os.stat(ws.root).st_mode) == 0o700
     assert sorted(p.name for p in ws.root.iterdir()) == ["output", "projects", "temp"]
     assert ws.temp == ws.root / "temp"
     await ws.fs.write_bytes("projects/readme.md", b"# hi")
     assert (ws.projects / "readme.md").read_bytes() == b"# hi"
-    again = await Workspace.open(ws.root)  # idempotent
+    again = await Workspace.open(ws.root, LocalFileSystem)  # idempotent
     assert await again.fs.read_bytes("projects/readme.md") == b"# hi"
     if ROOT:
         assert ws.owner == (65534, 65534)
@@ -40,7 +42,7 @@ async def test_a_tool_sees_none_of_the_server_environment(base: Path, tool_uid: 
     monkeypatch.setenv("LLM_API_KEY", "sk-secret")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-value")
     monkeypatch.setenv("AVM_DATA_DIR", "/root/.agentvm")
-    ws = await Workspace.open(base / "c1", owner=(tool_uid, tool_uid))
+    ws = await Workspace.open(base / "c1", LocalFileSystem, owner=(tool_uid, tool_uid))
     rt = Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation, unsafe_unsandboxed=UNSAFE_IF_NOT_ROOT))
     result = await rt.exec("env", limits=QUICK)
     assert result.exit_code == 0, result
@@ -57,7 +59,7 @@ async def test_a_tool_sees_none_of_the_server_environment(base: Path, tool_uid: 
 
 
 async def test_runtime_runs_bash_in_its_cwd(base: Path, tool_uid: int, isolation: Isolation) -> None:
-    ws = await Workspace.open(base / "c1", owner=(tool_uid, tool_uid))
+    ws = await Workspace.open(base / "c1", LocalFileSystem, owner=(tool_uid, tool_uid))
     await ws.fs.mkdir("projects/app")
     runner = LocalProcessRunner(ws.root, isolation=isolation, unsafe_unsandboxed=UNSAFE_IF_NOT_ROOT)
     rt = Runtime(ws, runner, cwd="projects/app")
@@ -76,7 +78,7 @@ async def test_runtime_runs_bash_in_its_cwd(base: Path, tool_uid: int, isolation
 
 @needs_root
 async def test_the_tool_uid_can_change_what_the_agent_wrote(base: Path, tool_uid: int, isolation: Isolation) -> None:
-    ws = await Workspace.open(base / "c1", owner=(tool_uid, tool_uid))
+    ws = await Workspace.open(base / "c1", LocalFileSystem, owner=(tool_uid, tool_uid))
     await ws.fs.write_bytes("projects/notes.txt", b"one\n")
     rt = Runtime(ws, LocalProcessRunner(ws.root, isolation=isolation, unsafe_unsandboxed=UNSAFE_IF_NOT_ROOT))
     result = await rt.exec("id -u; echo two >> projects/notes.txt", limits=QUICK)

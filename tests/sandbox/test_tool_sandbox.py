@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from agentvm.adapters.local.local_process import Host, Launcher, LocalProcessRunner
-from agentvm.adapters.local.tool_sandbox import ToolSandbox, assess
+from agentvm.adapters.local.local_fs import LocalFileSystem
+from agentvm.adapters.local.local_process import Launcher, LocalProcessRunner
+from agentvm.adapters.local.tool_sandbox import Host, ToolSandbox, assess
+from agentvm.domain.sandbox_limits import Limits
 from agentvm.errors import SandboxUnavailable
-from agentvm.sandbox import Limits, Runtime, Workspace
+from agentvm.sandbox import Runtime, Workspace
 from tests.sandbox.conftest import needs_root
 from tests.support.sandbox_hosts import force_host, forced
 
@@ -76,7 +78,7 @@ def test_health_and_banner_texts() -> None:
 
 async def test_the_runner_refuses_without_an_isolating_sandbox(base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     force_host(monkeypatch, "no-bwrap-not-root")
-    ws = await Workspace.open(base / "ws")
+    ws = await Workspace.open(base / "ws", LocalFileSystem)
     none = NOT_ROOT.replace("bubblewrap is not usable (bwrap is not installed)", "sandbox_isolation is 'none'")
     for isolation, expected in (("auto", NOT_ROOT), ("none", none)):
         runner = LocalProcessRunner(ws.root, isolation=isolation)
@@ -131,7 +133,7 @@ async def test_a_tool_cannot_reach_a_loopback_listener(base: Path, tool_uid: int
     with socket.create_connection(("127.0.0.1", port), timeout=5):  # the listener works: the test can fail
         pass
     assert accepted(listener) == 1
-    ws = await Workspace.open(base / "ws", owner=(tool_uid, tool_uid))
+    ws = await Workspace.open(base / "ws", LocalFileSystem, owner=(tool_uid, tool_uid))
     launcher: Launcher = "preexec" if mode == "uid-preexec" else "auto"
     runner = LocalProcessRunner(ws.root, isolation="bwrap" if mode == "bwrap" else "none", launcher=launcher)
     result = await Runtime(ws, runner).exec(CONNECT.format(port=port) + "; cat /proc/net/dev | tail -n +3",
@@ -147,7 +149,7 @@ async def test_only_the_unsafe_opt_in_reaches_loopback(base: Path, listener: soc
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # what the opt-in gives away, stated as a test: the tool connects to the server's port
     force_host(monkeypatch, "no-bwrap-not-root")
-    ws = await Workspace.open(base / "ws")
+    ws = await Workspace.open(base / "ws", LocalFileSystem)
     port = listener.getsockname()[1]
     result = await Runtime(ws, LocalProcessRunner(ws.root, unsafe_unsandboxed=True)).exec(
         CONNECT.format(port=port), limits=QUICK)

@@ -14,7 +14,8 @@ from typing import Literal
 import pytest
 
 from agentvm.adapters.local import local_process
-from agentvm.adapters.local.local_process import Host, probe_host
+from agentvm.adapters.local.local_process import probe_host
+from agentvm.adapters.local.tool_sandbox import Host
 
 ForcedHost = Literal["no-bwrap", "no-bwrap-not-root", "root-without-netns"]
 NO_BWRAP = "bwrap is not installed"

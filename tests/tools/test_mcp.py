@@ -24,9 +24,11 @@ import mcp_types as types
 import pytest
 import uvicorn
 
+from agentvm.adapters.local.local_fs import LocalFileSystem
 from agentvm.adapters.local.local_process import Isolation, LocalProcessRunner, probe_host
+from agentvm.domain.sandbox_limits import Limits
 from agentvm.errors import AgentVMError, InvalidRequest
-from agentvm.sandbox import Limits, Workspace
+from agentvm.sandbox import Workspace
 from agentvm.tools.mcp import (
     McpPool,
     McpServerConfig,
@@ -472,7 +474,7 @@ async def test_a_sandboxed_stdio_server(base: Path, pool: McpPool, isolation: Is
     if python is None:
         pytest.skip("no python of this version that an unprivileged uid can run (ours lives in an unreadable dir)")
     uid = 62000 + os.getpid() % 1000
-    ws = await Workspace.open(base / "ws", owner=(uid, uid))
+    ws = await Workspace.open(base / "ws", LocalFileSystem, owner=(uid, uid))
     script, env = str(FIXTURE), {}
     if python != sys.executable:  # the system's python: our packages, readable by the server's uid
         lib = ws.root / "temp" / "pylib"

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from agentvm.domain.sandbox_limits import Limits, limits_for
 from agentvm.domain.sandbox_spec import check_sandbox_content
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
-from agentvm.sandbox.limits import Limits, limits_for
 from agentvm.tools.resource_tools import HttpTools, check_tool_content
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient

@@ -87,9 +87,10 @@ async def test_a_tool_reaches_nothing_outside_its_workspace(data: Path, isolatio
         attacker = await client.new_image("c-attacker", tools=["bash", "read_file"])
         await client.request("message_send_request", {"imageId": victim["imageId"], "content": "hello"})
         victim_ws = victim_file.parent.parent
+        from agentvm.adapters.local.local_fs import LocalFileSystem
         from agentvm.sandbox import Workspace
 
-        ws = await Workspace.open(victim_ws)
+        ws = await Workspace.open(victim_ws, LocalFileSystem)
         await ws.fs.write_bytes("projects/secret.txt", b"the victim's secret")
 
         [env] = results(await client.turn(attacker["imageId"], "env"))

@@ -24,10 +24,9 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from agentvm.domain.models import Principal
+from agentvm.domain.models import ApiKey, Principal
 from agentvm.errors import Forbidden, InvalidRequest, Unauthorized
 
 if TYPE_CHECKING:
@@ -57,28 +56,6 @@ EXPIRED: Final = "API key expired"
 
 _KEY_ID = re.compile(r"avmk_[0-9a-f]{12}")
 _SECRET = re.compile(r"[A-Za-z0-9_-]+")  # the alphabet of secrets.token_urlsafe
-
-
-@dataclass(frozen=True, slots=True)
-class ApiKey:
-    """A stored key. Times are epoch ms; only the salted hash of the secret is kept."""
-
-    key_id: str
-    tenant_id: str
-    salt: str
-    secret_hash: str
-    scopes: tuple[str, ...]
-    created_at: int
-    expires_at: int | None = None
-    revoked_at: int | None = None
-    name: str | None = None
-
-    @property
-    def revoked(self) -> bool:
-        return self.revoked_at is not None
-
-    def expired(self, now_ms: int) -> bool:
-        return self.expires_at is not None and now_ms >= self.expires_at
 
 
 def new_key(tenant_id: str, scopes: Sequence[str] = ("user",), *, name: str | None = None,

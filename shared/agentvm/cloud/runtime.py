@@ -15,7 +15,7 @@ import asyncio
 import functools
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from agentvm.services.deps import Deps
     from agentvm.services.metering import Meter
     from agentvm.services.session_worker import SessionWorker
-    from agentvm.worker.container_worker import ContainerWorker
 
 T = TypeVar("T")
 
@@ -268,8 +267,9 @@ class CloudRuntime:
         if self._sandbox is None:
             import functools as ft
 
+            from agentvm.adapters.local.local_fs import LocalFileSystem
             from agentvm.adapters.local.local_process import LocalProcessRunner
-            from agentvm.sandbox.limits import Limits
+            from agentvm.domain.sandbox_limits import Limits
             from agentvm.sandbox.quota import DiskPolicy
             from agentvm.sandbox.uids import ToolUids
             from agentvm.tools.mcp import McpPool
@@ -281,15 +281,15 @@ class CloudRuntime:
             self._sandbox = WorkspaceTools(
                 # the worker listens on no socket: where the platform grants no network namespace (Fargate)
                 # the uid drop alone keeps tools off the server's files (docs/security.md)
-                self._disk(workspaces), ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation,
-                                                   unsafe_unsandboxed=s.unsafe_unsandboxed_tools,
-                                                   private_network=False, disk=disk),
+                self.workspace_disk(workspaces), LocalFileSystem,
+                ft.partial(LocalProcessRunner, isolation=s.sandbox_isolation,
+                           unsafe_unsandboxed=s.unsafe_unsandboxed_tools, private_network=False, disk=disk),
                 uids=ToolUids(workspaces / "tool-uids.json"), limits=Limits(timeout_s=s.tool_timeout_s),
                 preview_bytes=s.tool_preview_bytes, mcp=McpPool(idle_s=s.mcp_idle_s, call_timeout_s=s.tool_timeout_s),
                 store=self.store, http_allow_private=s.http_tools_allow_private, disk_policy=disk)
         return self._sandbox
 
-    def _disk(self, workspaces: Path) -> Any:
+    def workspace_disk(self, workspaces: Path) -> Any:
         """The container task's `S3Disk` (one for the task: the worker mounts, the tools find it mounted)."""
         if self._workspace_disk is None:
             from agentvm.adapters.aws.s3_disk import S3Disk
@@ -306,29 +306,6 @@ class CloudRuntime:
         """Stop the container task's MCP servers."""
         if self._sandbox is not None:
             await self._sandbox.mcp.close()
-
-    def container_worker(self, tenant_id: str, container_id: str, task_id: str, *, driver: Driver,
-                         workspaces: Path) -> ContainerWorker:
-        """The container task's worker for one container (`python -m agentvm.worker`)."""
-        from agentvm.adapters.aws.ecs_tasks import ContainerTaskRecord
-        from agentvm.services.session_worker import SessionWorker
-        from agentvm.worker.container_worker import ContainerWorker, WorkerOptions
-
-        s = self.settings
-        disk = self._disk(workspaces)
-
-        def session_worker(before_release: Callable[[str], Awaitable[None]]) -> SessionWorker:
-            inv = self.invocation(tenant_id, role="worker", driver=driver, workspaces=workspaces)
-            return SessionWorker(inv.deps, fanout=inv.fanout, leases=self.leases, owner=task_id,
-                                 before_release=before_release)
-
-        async def session_exists(session_id: str) -> bool:
-            return await self.store.get_session(tenant_id, session_id) is not None
-
-        record = ContainerTaskRecord(self.store, tenant_id, container_id, task_id)
-        return ContainerWorker(tenant_id=tenant_id, container_id=container_id, record=record, disk=disk,
-                               session_worker=session_worker, session_exists=session_exists,
-                               options=WorkerOptions(idle_s=s.worker_idle_s, heartbeat_ttl_s=s.worker_heartbeat_ttl_s))
 
     def router(self, invocation: Invocation) -> CommandRouter:
         """`ws_default`: the AgentX command router over the services, sessions hosted by lease.

@@ -18,7 +18,8 @@ searchable by its beginning.
 A query is plain words, never full-text syntax: every run of letters and digits is one term, quoted
 (so `"`, `*`, `OR`, `NOT`, `NEAR`, parentheses and column filters mean nothing), and a message
 matches when it holds every term (AND), after Porter stemming and Unicode case and diacritic
-folding (`TOKENIZE`): `pineapple` finds "Pineapples". At most `MAX_TERMS` distinct terms count.
+folding (the index's tokenizer, adapters/sqlite_fts.py): `pineapple` finds "Pineapples". At most
+`MAX_TERMS` distinct terms count.
 
 A snippet is HTML: the message text around the matches, escaped (`&`, `<`, `>`), with each matching
 term in `<mark>…</mark>` and `…` where the text was cut. The escaping makes the marks unambiguous
@@ -32,7 +33,7 @@ import binascii
 import html
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -42,11 +43,9 @@ from agentvm.errors import InvalidRequest
 MAX_TEXT_BYTES = 8 * 1024
 TOOL_PREVIEW_CHARS = 1000
 MAX_TERMS = 16
-#: SQLite FTS5 tokenizer of every search index (the SQLite store's and the in-memory one).
-TOKENIZE = "porter unicode61"
 SNIPPET_TOKENS = 16
 ELLIPSIS = "…"
-#: Placeholders of the match marks inside FTS5 `snippet()` (private-use characters, removed from
+#: Placeholders of the match marks inside a full-text snippet (private-use characters, removed from
 #: every searchable text), turned into `<mark>`/`</mark>` after the text is escaped.
 MARK_OPEN, MARK_CLOSE = "\ue000", "\ue001"
 
@@ -90,35 +89,9 @@ def query_terms(query: str) -> list[str]:
     return list(dict.fromkeys(t.lower() for t in _TERM.findall(query)))[:MAX_TERMS]
 
 
-def snippet_sql(table: str) -> str:
-    """The FTS5 `snippet()` call of a search (its text column is the first); four parameters:
-    MARK_OPEN, MARK_CLOSE, ELLIPSIS, SNIPPET_TOKENS."""
-    return f"snippet({table}, 0, ?, ?, ?, ?)"
-
-
-SNIPPET_ARGS = (MARK_OPEN, MARK_CLOSE, ELLIPSIS, SNIPPET_TOKENS)
-
-
 def render_snippet(raw: str) -> str:
     """An FTS5 snippet with the placeholder marks as HTML: text escaped, matches in <mark>."""
     return html.escape(raw, quote=False).replace(MARK_OPEN, "<mark>").replace(MARK_CLOSE, "</mark>")
-
-
-def rank_texts(texts: Sequence[str], match: str) -> list[tuple[int, float, str]]:
-    """Rank texts against a MATCH expression with an in-memory FTS5 index (BM25, the same tokenizer
-    as the stored index): (index into `texts`, relevance (higher is better), HTML snippet) of each
-    matching text, best first; equal relevance keeps the order of `texts`."""
-    import sqlite3
-
-    db = sqlite3.connect(":memory:")
-    try:
-        db.execute(f"CREATE VIRTUAL TABLE w USING fts5(text, tokenize='{TOKENIZE}')")
-        db.executemany("INSERT INTO w (rowid, text) VALUES (?, ?)", enumerate(texts, 1))
-        rows = db.execute(f"SELECT rowid, bm25(w), {snippet_sql('w')} FROM w WHERE w MATCH ? "
-                          "ORDER BY bm25(w), rowid", (*SNIPPET_ARGS, match)).fetchall()
-    finally:
-        db.close()
-    return [(int(r[0]) - 1, -float(r[1]), render_snippet(str(r[2]))) for r in rows]
 
 
 # ---- cursors ---------------------------------------------------------------------------------

@@ -19,6 +19,28 @@ class Principal:
     key_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A stored key. Times are epoch ms; only the salted hash of the secret is kept."""
+
+    key_id: str
+    tenant_id: str
+    salt: str
+    secret_hash: str
+    scopes: tuple[str, ...]
+    created_at: int
+    expires_at: int | None = None
+    revoked_at: int | None = None
+    name: str | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def expired(self, now_ms: int) -> bool:
+        return self.expires_at is not None and now_ms >= self.expires_at
+
+
 @dataclass(slots=True)
 class Container:
     tenant_id: str

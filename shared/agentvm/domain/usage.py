@@ -13,6 +13,16 @@ JSON = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """What one LLM call holds on its budgets until it settles."""
+
+    period: str
+    amount: Decimal
+    key_held: bool
+    started_at: int
+
+
+@dataclass(frozen=True, slots=True)
 class UsageRecord:
     """One metered thing, written once: an LLM call (`kind` "llm", tokens and their cost) or the
     sandbox time of a container-tier turn (`kind` "sandbox", `sandbox_ms`, free: users pay tokens).

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -29,6 +29,7 @@ from agentvm.domain.models import (
     TurnStatus,
     Usage,
 )
+from agentvm.domain.usage import Hold
 from agentvm.drivers.base import (
     HiddenOutput,
     InputJsonDelta,
@@ -44,15 +45,11 @@ from agentvm.drivers.base import (
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.coalescer import DeltaCoalescer
 from agentvm.engine.history import SessionHistory
-from agentvm.engine.tools import ToolRunner
 from agentvm.errors import AgentVMError, UpstreamError
 from agentvm.ids import message_id, now_ms
 from agentvm.money import DEFAULT_MARKUP, Cost, ModelPrice, cost_of, money_text
-from agentvm.ports import Driver, Store
+from agentvm.ports import CallMeter, Driver, Store, ToolRunner
 from agentvm.protocol import messages as msgs
-
-if TYPE_CHECKING:
-    from agentvm.services.metering import Hold, Meter
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -105,7 +102,7 @@ class _Msg:
 
 class TurnRunner:
     def __init__(self, *, store: Store, driver: Driver, channel: SessionChannel, tools: ToolRunner,
-                 options: EngineOptions, history: SessionHistory, meter: Meter | None = None,
+                 options: EngineOptions, history: SessionHistory, meter: CallMeter | None = None,
                  observer: Callable[[Turn, int | None], None] | None = None) -> None:
         self.store = store
         self.meter = meter

@@ -1,5 +1,5 @@
-"""The tool seam of the turn engine. Images without tools answer every call with an error result,
-which the model sees and can recover from.
+"""The tool sets of the turn engine (its ports, `ToolRunner` and `ToolProvider`, are in ports.py).
+Images without tools answer every call with an error result, which the model sees and can recover from.
 
 Every tool says whether it needs a sandbox (a container's workspace and processes: the built-in
 tools, stdio MCP servers). The function tier offers every tool to the model but runs only those
@@ -9,9 +9,10 @@ that need none; a call of one that does escalates the turn to the container tier
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from agentvm.drivers.base import ToolOutcome
+from agentvm.ports import ToolRunner
 
 if TYPE_CHECKING:
     from agentvm.domain.models import Image
@@ -21,18 +22,6 @@ JSON = dict[str, Any]
 
 def unavailable(name: str) -> ToolOutcome:
     return ToolOutcome(f"Tool '{name}' is not available to this agent.", is_error=True)
-
-
-class ToolRunner(Protocol):
-    def schemas(self) -> list[JSON]:
-        """Tool definitions given to the model (Anthropic `tools` shape)."""
-        ...
-
-    def needs_sandbox(self, name: str) -> bool:
-        """Whether the tool runs only in the container tier."""
-        ...
-
-    async def run(self, name: str, input_: JSON) -> ToolOutcome: ...
 
 
 class NoTools:
@@ -96,12 +85,6 @@ class ContainerOnly(NoTools):
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
-
-
-class ToolProvider(Protocol):
-    """The tools of a turn, from its image's config (the tool set and the container's workspace)."""
-
-    async def for_image(self, image: Image) -> ToolRunner: ...
 
 
 class NoToolProvider:

@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from agentvm.sandbox.limits import Limits, ProcessResult
+from agentvm.domain.sandbox_limits import Limits, ProcessResult
 from agentvm.sandbox.workspace import Workspace
 
 if TYPE_CHECKING:

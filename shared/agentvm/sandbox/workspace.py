@@ -8,11 +8,10 @@ import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentvm.adapters.local.local_fs import LocalFileSystem
 from agentvm.domain.models import DEFAULT_TENANT
 
 if TYPE_CHECKING:
-    from agentvm.ports import FileSystem
+    from agentvm.ports import FileSystem, FileSystemFactory
 
 # Tools run as this uid/gid (nobody/nogroup) when the server runs as root and no other is given.
 DEFAULT_TOOL_UID = 65534
@@ -56,8 +55,9 @@ class Workspace:
         return self.root / "output"
 
     @classmethod
-    async def open(cls, root: Path, *, owner: tuple[int, int] | None = None) -> Workspace:
-        """Create the root (mode 0o700) and the three dirs, returned with a LocalFileSystem.
+    async def open(cls, root: Path, files: FileSystemFactory, *, owner: tuple[int, int] | None = None) -> Workspace:
+        """Create the root (mode 0o700) and the three dirs, returned with the `FileSystem` that `files`
+        makes for it (the caller picks the adapter: `LocalFileSystem`).
 
         When the server runs as root, the root and the three dirs belong to `owner`, the (uid, gid)
         its tools run as (default nobody, 65534): give each container its own uid to keep one
@@ -67,7 +67,7 @@ class Workspace:
         elif os.geteuid() != 0:
             owner = None
         real = await asyncio.to_thread(_create, Path(root), owner)
-        return cls(real, LocalFileSystem(real, owner=owner), owner=owner)
+        return cls(real, files(real, owner=owner), owner=owner)
 
 
 def _create(root: Path, owner: tuple[int, int] | None) -> Path:

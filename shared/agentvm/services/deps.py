@@ -7,12 +7,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from agentvm.engine.runner import EngineOptions
-from agentvm.engine.tools import NoToolProvider, ToolProvider
-from agentvm.ports import ContainerTier, Driver, Fanout, Store
+from agentvm.engine.tools import NoToolProvider
+from agentvm.ports import CallMeter, ContainerTier, Driver, Fanout, Store, ToolProvider
 
 if TYPE_CHECKING:
     from agentvm.domain.models import Turn
-    from agentvm.services.metering import Meter
 
 # Told of every turn that ends (`turn`, and ms from its start to its first text delta, if any): metrics.
 TurnObserver = Callable[["Turn", "int | None"], None]
@@ -40,7 +39,7 @@ class Deps:
     # None: every turn runs with `options` as built
     turn_options: TurnOptions | None = None
     # budgets, rate limits and the usage ledger (None: turns are neither limited nor recorded)
-    meter: Meter | None = None
+    meter: CallMeter | None = None
     turn_observer: TurnObserver | None = None
     # why this host may not run sandbox tools (no isolating sandbox, no unsafe opt-in), or None; unset
     # where no tool runs in this process (the cloud's functions: the container task's runner refuses)

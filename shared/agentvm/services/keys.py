@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agentvm.auth.api_keys import ApiKey, Authenticator, new_key
+from agentvm.auth.api_keys import Authenticator, new_key
+from agentvm.domain.models import ApiKey
 from agentvm.errors import Forbidden, NotFound
 from agentvm.ids import now_ms
 from agentvm.ports import KeyStore

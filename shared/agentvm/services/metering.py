@@ -22,12 +22,11 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from agentvm.domain.models import Turn, Usage
-from agentvm.domain.usage import Budget, UsageRecord, minute_of, period_of
+from agentvm.domain.usage import Budget, Hold, UsageRecord, minute_of, period_of
 from agentvm.drivers.base import LLMRequest
 from agentvm.errors import QuotaExceeded, RateLimited
 from agentvm.ids import now_ms
@@ -52,16 +51,6 @@ MAX_CONTEXT_WINDOW = 1_000_000
 # Document sources whose text is in the request (counted by its bytes); any other source (a PDF as
 # base64, URL or file) is rendered by the provider: it is bounded by the context window.
 _TEXT_SOURCES = frozenset({"text", "content"})
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """What one LLM call holds on its budgets until it settles."""
-
-    period: str
-    amount: Decimal
-    key_held: bool
-    started_at: int
 
 
 def context_window(model: str) -> int:
@@ -105,8 +94,9 @@ def worst_cost(request: LLMRequest, *, markup: Decimal, prices: Mapping[str, Mod
 
 
 class Meter:
-    """Holds, settles and limits LLM calls over a `UsageLedger`. Budgets are read through a short
-    cache (`budget_cache_s`); `forget` drops a tenant's entry when this process changes its budgets."""
+    """Holds, settles and limits LLM calls over a `UsageLedger` (the engine's `CallMeter` port). Budgets
+    are read through a short cache (`budget_cache_s`); `forget` drops a tenant's entry when this process
+    changes its budgets."""
 
     def __init__(self, ledger: UsageLedger, *, budget_cache_s: float = 30.0,
                  clock: Callable[[], int] = now_ms, on_overrun: Callable[[str | None], None] | None = None) -> None:

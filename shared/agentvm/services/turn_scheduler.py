@@ -18,9 +18,10 @@ from agentvm.domain.models import Checkpoint, Image, Turn, TurnStatus
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.history import SessionHistory
 from agentvm.engine.runner import EngineOptions, TurnRunner
-from agentvm.engine.tools import ContainerOnly, ToolRunner
+from agentvm.engine.tools import ContainerOnly
 from agentvm.errors import AgentVMError, ContainerUnavailable
 from agentvm.ids import now_ms
+from agentvm.ports import ToolRunner
 from agentvm.services.deps import Deps
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentvm.domain.sandbox_limits import Limits, ProcessResult
 from agentvm.drivers.base import ToolOutcome
 from agentvm.errors import InvalidRequest
-from agentvm.sandbox.limits import Limits, ProcessResult
 from agentvm.sandbox.quota import DiskPolicy, size_text
 from agentvm.sandbox.runtime import Runtime
 

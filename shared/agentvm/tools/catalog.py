@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from agentvm.domain.models import Image
-from agentvm.engine.tools import CompositeTools, ContainerOnly, NoTools, SandboxCatalog, ToolRunner
-from agentvm.ports import Store
+from agentvm.engine.tools import CompositeTools, ContainerOnly, NoTools, SandboxCatalog
+from agentvm.ports import Store, ToolRunner
 from agentvm.tools.builtin import BuiltinTools, check_builtin_names
 from agentvm.tools.knowledge import knowledge_tools
 from agentvm.tools.mcp import McpPool, McpServerConfig, config_fingerprint, parse_mcp_servers, unconfined

@@ -2,7 +2,7 @@
 
 The workspace directory comes from the `Disk` port (`avm serve`: a directory under the data
 directory; the container task: the S3 copy pulled into the task, see `agentvm.sandbox.workspace.
-workspace_dir`). The process runner is chosen by the composition root.
+workspace_dir`). The file system and the process runner are chosen by the composition root.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentvm.domain.models import Image
+from agentvm.domain.sandbox_limits import Limits, limits_for
 from agentvm.drivers.base import ToolOutcome
-from agentvm.engine.tools import CompositeTools, NoTools, ToolRunner
-from agentvm.ports import Disk, ProcessRunner, Store
-from agentvm.sandbox.limits import Limits, limits_for
+from agentvm.engine.tools import CompositeTools, NoTools
+from agentvm.ports import Disk, FileSystemFactory, ProcessRunner, Store, ToolRunner
 from agentvm.sandbox.quota import DiskPolicy
 from agentvm.sandbox.runtime import Runtime, tool_env
 from agentvm.sandbox.uids import ToolUids, hand_over
@@ -54,12 +54,14 @@ class UnavailableTools:
 class WorkspaceTools:
     """`ToolProvider` for runtimes that run tools next to the engine (`avm serve`, the container tier)."""
 
-    def __init__(self, disk: Disk, process_for: Callable[[Path], ProcessRunner], *, uids: ToolUids,
+    def __init__(self, disk: Disk, files: FileSystemFactory, process_for: Callable[[Path], ProcessRunner], *,
+                 uids: ToolUids,
                  limits: Limits | None = None, preview_bytes: int = DEFAULT_PREVIEW_BYTES,
                  mcp: McpPool | None = None, stdio: StdioSchemas | None = None,
                  mcp_limits: Limits = MCP_SERVER_LIMITS, store: Store | None = None,
                  http_allow_private: bool = False, disk_policy: DiskPolicy | None = None) -> None:
         self.disk = disk
+        self.files = files
         self.process_for = process_for
         self.limits = limits or Limits()
         self.preview_bytes = preview_bytes
@@ -86,7 +88,7 @@ class WorkspaceTools:
         try:
             root = await self.disk.mount(image.tenant_id, image.container_id)
             owner = await self._owner(image, root)
-            workspace = await Workspace.open(root, owner=owner)
+            workspace = await Workspace.open(root, self.files, owner=owner)
         except OSError as exc:
             log.error("workspace unavailable", extra={"container_id": image.container_id, "error": str(exc)})
             return UnavailableTools(BuiltinTools.definitions(enabled),

@@ -1,4 +1,5 @@
-"""`python -m agentvm.worker`: the container task's entry point (infra/container/Dockerfile).
+"""`python -m agentvm.worker`: the container task's entry point (infra/container/Dockerfile) and its
+composition root, over the cloud one (`CloudRuntime`).
 
 RunTask gives the task its container (AVM_WORKER_TENANT_ID, AVM_WORKER_CONTAINER_ID); everything
 else comes from the task definition's environment, as for the functions. Exit code 0 after an idle
@@ -20,10 +21,18 @@ import signal
 import sys
 import urllib.request
 import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
 from agentvm.logs import setup_logging
+from agentvm.ports import Driver
+
+if TYPE_CHECKING:
+    from agentvm.services.session_worker import SessionWorker
+    from agentvm.worker.container_worker import ContainerWorker
 
 log = logging.getLogger("agentvm.worker")
 
@@ -75,13 +84,37 @@ async def scoped_runtime(settings: Settings, tenant: str, container: str, me: st
                               secrets_session=task_session).ready()
 
 
+def container_worker(rt: CloudRuntime, tenant_id: str, container_id: str, task_id: str, *, driver: Driver,
+                     workspaces: Path) -> ContainerWorker:
+    """The container task's worker for one container, over the cloud runtime's clients."""
+    from agentvm.adapters.aws.ecs_tasks import ContainerTaskRecord
+    from agentvm.services.session_worker import SessionWorker
+    from agentvm.worker.container_worker import ContainerWorker, WorkerOptions
+
+    s = rt.settings
+    disk = rt.workspace_disk(workspaces)
+
+    def session_worker(before_release: Callable[[str], Awaitable[None]]) -> SessionWorker:
+        inv = rt.invocation(tenant_id, role="worker", driver=driver, workspaces=workspaces)
+        return SessionWorker(inv.deps, fanout=inv.fanout, leases=rt.leases, owner=task_id,
+                             before_release=before_release)
+
+    async def session_exists(session_id: str) -> bool:
+        return await rt.store.get_session(tenant_id, session_id) is not None
+
+    record = ContainerTaskRecord(rt.store, tenant_id, container_id, task_id)
+    return ContainerWorker(tenant_id=tenant_id, container_id=container_id, record=record, disk=disk,
+                           session_worker=session_worker, session_exists=session_exists,
+                           options=WorkerOptions(idle_s=s.worker_idle_s, heartbeat_ttl_s=s.worker_heartbeat_ttl_s))
+
+
 async def serve(settings: Settings) -> int:
     tenant, container = settings.worker_tenant_id, settings.worker_container_id
     if not tenant or not container:
         raise SystemExit("AVM_WORKER_TENANT_ID and AVM_WORKER_CONTAINER_ID must be set (RunTask overrides)")
     me = task_id()  # before the metadata endpoint's variable is dropped
     rt = await scoped_runtime(settings, tenant, container, me)
-    worker = rt.container_worker(tenant, container, me, driver=await rt.driver(), workspaces=settings.data_dir)
+    worker = container_worker(rt, tenant, container, me, driver=await rt.driver(), workspaces=settings.data_dir)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)

@@ -30,7 +30,7 @@ from agentvm.adapters.aws.dynamodb_store import (
     _s,
     _ts,
 )
-from agentvm.auth.api_keys import ApiKey
+from agentvm.domain.models import ApiKey
 from agentvm.errors import Conflict
 
 _SK = "KEY"

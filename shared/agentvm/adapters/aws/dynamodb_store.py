@@ -154,12 +154,12 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, new_client
+from agentvm.adapters.sqlite_fts import rank_texts
 from agentvm.domain.cursors import next_turn_cursor, turn_cursor
 from agentvm.domain.message_text import (
     bad_cursor,
     cursor_int,
     match_expression,
-    rank_texts,
     search_cursor,
     search_cursor_state,
     searchable_text,

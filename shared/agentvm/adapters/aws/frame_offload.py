@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from agentvm.adapters.aws.blob_port import BlobStore
+    from agentvm.ports import BlobStore
 
 #: How long a client has to fetch an offloaded frame.
 FRAME_URL_EXPIRES_S = 15 * 60

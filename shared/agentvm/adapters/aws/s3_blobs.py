@@ -19,7 +19,7 @@ from agentvm.errors import InvalidRequest
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
 
-    from agentvm.adapters.aws.blob_port import BlobStore
+    from agentvm.ports import BlobStore
 
 _NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
 _MAX_KEY_BYTES = 1024  # S3's limit for the full key

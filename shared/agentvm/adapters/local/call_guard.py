@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentvm.adapters.local.cgroups import cgroup_dir
-from agentvm.sandbox.limits import Limits
+from agentvm.domain.sandbox_limits import Limits
 from agentvm.sandbox.quota import DiskPolicy, workspace_usage
 
 log = logging.getLogger(__name__)

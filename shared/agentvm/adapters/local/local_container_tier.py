@@ -12,7 +12,7 @@ import logging
 import time
 
 from agentvm.domain.models import Image
-from agentvm.engine.tools import ToolProvider, ToolRunner
+from agentvm.ports import ToolProvider, ToolRunner
 
 log = logging.getLogger(__name__)
 

@@ -62,11 +62,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from agentvm.adapters.local.call_guard import CallGuard, MemoryCgroups, joining, memory_cgroups
+from agentvm.adapters.local.call_guard import CallGuard, joining, memory_cgroups
 from agentvm.adapters.local.cgroups import PidsCgroups
-from agentvm.adapters.local.tool_sandbox import Isolation, ToolSandbox, assess, netns_entry, probe_unshare
+from agentvm.adapters.local.tool_sandbox import Host, Isolation, ToolSandbox, assess, netns_entry, probe_unshare
+from agentvm.domain.sandbox_limits import Limits, ProcessResult
 from agentvm.errors import AgentVMError, InvalidRequest, SandboxUnavailable
-from agentvm.sandbox.limits import Limits, ProcessResult
 from agentvm.sandbox.quota import DiskPolicy
 
 log = logging.getLogger(__name__)
@@ -98,27 +98,6 @@ def _spawn_background(coro: Coroutine[Any, Any, None]) -> None:
 
 
 # -- what this host offers (probed once per server process) -------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Host:
-    privileged: bool  # the server runs as root: tools are dropped to an unprivileged uid
-    prlimit: str | None
-    setpriv: str | None
-    sh: str
-    bwrap: str | None  # a bwrap that works here, as this runner would use it
-    bwrap_problem: str | None  # why not, when it is not usable
-    cgroups: PidsCgroups | None
-    nice: str | None = None  # coreutils' nice, for the exec chain
-    unshare: str | None = None  # util-linux's unshare, when `unshare --net` works here (as root)
-    unshare_problem: str | None = None  # why not
-    memory: MemoryCgroups | None = None  # per-call memory cgroups (call_guard.py), when this host delegates them
-
-    @property
-    def exec_launcher(self) -> bool:
-        """util-linux's prlimit and setpriv set the limits and drop the uid in an exec chain; without
-        them the child does it in a `preexec_fn` (macOS, busybox systems)."""
-        return self.prlimit is not None and (self.setpriv is not None or not self.privileged)
 
 
 _host: Host | None = None

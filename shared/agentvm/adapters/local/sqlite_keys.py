@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from agentvm.adapters.local.sqlite_store import SqliteStore
-from agentvm.auth.api_keys import ApiKey
+from agentvm.domain.models import ApiKey
 from agentvm.errors import Conflict
 
 _COLS = "key_id, tenant_id, salt, secret_hash, scopes, created_at, expires_at, revoked_at, name"

@@ -25,16 +25,15 @@ import orjson
 
 from agentvm.adapters.local.sqlite_integrity import StorageHealth, damaged, is_damage, is_storage_failure
 from agentvm.adapters.local.sqlite_schema import MIGRATIONS
+from agentvm.adapters.sqlite_fts import SNIPPET_ARGS, snippet_sql
 from agentvm.domain.cursors import next_turn_cursor, turn_cursor
 from agentvm.domain.message_text import (
-    SNIPPET_ARGS,
     cursor_int,
     match_expression,
     render_snippet,
     search_cursor,
     search_cursor_state,
     searchable_text,
-    snippet_sql,
 )
 from agentvm.domain.models import (
     Agent,

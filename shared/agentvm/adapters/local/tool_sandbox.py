@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentvm.errors import SandboxUnavailable
 
-__all__ = ["Isolation", "SandboxMode", "SandboxUnavailable", "ToolSandbox", "assess", "bwrap_usable", "netns_entry",
-           "probe_unshare"]
+__all__ = ["Host", "Isolation", "SandboxMode", "SandboxUnavailable", "ToolSandbox", "assess", "bwrap_usable",
+           "netns_entry", "probe_unshare"]
 
 if TYPE_CHECKING:
-    from agentvm.adapters.local.local_process import Host
+    from agentvm.adapters.local.call_guard import MemoryCgroups
+    from agentvm.adapters.local.cgroups import PidsCgroups
 
 Isolation = Literal["auto", "bwrap", "none"]
 SandboxMode = Literal["bubblewrap", "uid", "unsafe-unsandboxed", "unavailable"]
@@ -82,6 +83,29 @@ class ToolSandbox:
         if self.mode == "unsafe-unsandboxed":
             return {"sandbox": self.mode, "warnings": [self.warning]}
         return {}
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """What this host offers tools (local_process.probe_host: probed once per server process)."""
+
+    privileged: bool  # the server runs as root: tools are dropped to an unprivileged uid
+    prlimit: str | None
+    setpriv: str | None
+    sh: str
+    bwrap: str | None  # a bwrap that works here, as this runner would use it
+    bwrap_problem: str | None  # why not, when it is not usable
+    cgroups: PidsCgroups | None
+    nice: str | None = None  # coreutils' nice, for the exec chain
+    unshare: str | None = None  # util-linux's unshare, when `unshare --net` works here (as root)
+    unshare_problem: str | None = None  # why not
+    memory: MemoryCgroups | None = None  # per-call memory cgroups (call_guard.py), when this host delegates them
+
+    @property
+    def exec_launcher(self) -> bool:
+        """util-linux's prlimit and setpriv set the limits and drop the uid in an exec chain; without
+        them the child does it in a `preexec_fn` (macOS, busybox systems)."""
+        return self.prlimit is not None and (self.setpriv is not None or not self.privileged)
 
 
 def bwrap_usable(host: Host) -> bool:
