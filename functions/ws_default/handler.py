@@ -35,7 +35,7 @@ log = logging.getLogger("agentvm.ws_default")
 obs = observe("ws_default")
 
 NOT_CONNECTED = "This connection is not authenticated any more: reconnect with your API key."
-# the reasons avm serve closes such a connection with (adapters/local/ws_endpoint.py)
+# the reasons avm serve closes such a connection with (api/ws_endpoint.py)
 AUTH_FIRST = ('authenticate first: {"type": "auth", "headers": {"Authorization": "Bearer <key>"}} '
               '(or the header or ?token= on the upgrade)')
 NOT_JSON = "authenticate first: the first frame is not JSON"

@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.websockets import WebSocket
 
 from agentvm import __version__
-from agentvm.adapters.local.hub_feed import HubFeeds
 from agentvm.adapters.local.local_container_tier import LocalContainerTier
 from agentvm.adapters.local.local_disk import LocalDisk
 from agentvm.adapters.local.local_env import EnvLLMProvider, ProcessEnv
@@ -26,30 +25,31 @@ from agentvm.adapters.local.sqlite_keys import SqliteKeys
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 from agentvm.adapters.local.tool_sandbox import ToolSandbox, assess
-from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
-from agentvm.adapters.local.ws_hub import LocalHub
 from agentvm.api.http_app import HttpApi, create_app
+from agentvm.api.hub_feed import HubFeeds
+from agentvm.api.ws_endpoint import WebSocketEndpoint
+from agentvm.api.ws_hub import LocalHub
 from agentvm.api.ws_router import CommandRouter
 from agentvm.auth.api_keys import ApiKey, Authenticator, extract_token, http_token, require_operator
 from agentvm.config import Settings
 from agentvm.domain.models import DEFAULT_TENANT, Principal
 from agentvm.drivers.scripted import ScriptedDriver
 from agentvm.engine.runner import EngineOptions
+from agentvm.hosting.local_host import SessionRegistry
+from agentvm.hosting.recovery import recover_unfinished_turns
+from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import now_ms
 from agentvm.ports import Driver
 from agentvm.sandbox.limits import Limits
 from agentvm.sandbox.quota import DiskPolicy, free_space
 from agentvm.sandbox.uids import ToolUids
 from agentvm.services.billing import BillingService
-from agentvm.services.bundle import Services
 from agentvm.services.chat import ChatService
 from agentvm.services.config import ConfigService, from_settings
-from agentvm.services.deps import Deps
 from agentvm.services.keys import Caller, KeyService
 from agentvm.services.metering import Meter
 from agentvm.services.metrics import TurnMetrics
-from agentvm.services.recovery import recover_unfinished_turns
-from agentvm.services.sessions import SessionRegistry
+from agentvm.services.use_cases import UseCases
 from agentvm.tools.catalog import StdioSchemas, ToolCatalog
 from agentvm.tools.mcp import McpPool
 from agentvm.tools.provider import WorkspaceTools
@@ -97,7 +97,7 @@ class Runtime:
     settings: Settings
     store: SqliteStore
     hub: LocalHub
-    services: Services
+    services: UseCases
     sessions: SessionRegistry
     router: CommandRouter
     endpoint: WebSocketEndpoint
@@ -140,14 +140,14 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
     metrics = TurnMetrics(connections=hub.per_tenant, containers=lambda: sessions.active_containers())
     ledger = SqliteUsageLedger(store)
     meter = Meter(ledger, budget_cache_s=5.0, on_overrun=metrics.observe_budget_overrun)
-    deps = Deps(store=store, fanout=hub, driver=drv, options=options,
-                tools=ToolCatalog(pool=mcp, stdio=stdio, store=store,
-                                  http_allow_private=settings.http_tools_allow_private),
-                container_tier=sandbox, sandbox_tools=sandbox,
-                turn_options=config, turn_observer=metrics.observe_turn, meter=meter,
-                sandbox_refusal=lambda: tool_sandbox.refusal)
+    deps = RuntimePorts(store=store, fanout=hub, driver=drv, options=options,
+                        tools=ToolCatalog(pool=mcp, stdio=stdio, store=store,
+                                          http_allow_private=settings.http_tools_allow_private),
+                        container_tier=sandbox, sandbox_tools=sandbox,
+                        turn_options=config, turn_observer=metrics.observe_turn, meter=meter,
+                        sandbox_refusal=lambda: tool_sandbox.refusal)
     sessions = SessionRegistry(deps)
-    services = Services(deps, sessions)
+    services = UseCases(deps, sessions)
     router = CommandRouter(services, hub)
     open_principal = Principal(DEFAULT_TENANT)
     keys = SqliteKeys(store)

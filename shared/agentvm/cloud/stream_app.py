@@ -35,10 +35,10 @@ if TYPE_CHECKING:
     from agentvm.cloud.runtime import CloudRuntime, Invocation
     from agentvm.domain.models import ConnectionRecord
     from agentvm.ports import EventSource
-    from agentvm.services.bundle import Services
     from agentvm.services.chat import ChatService
     from agentvm.services.config import ConfigService
     from agentvm.services.resources import ResourceService
+    from agentvm.services.use_cases import UseCases
 
 log = logging.getLogger("agentvm.chat_stream")
 
@@ -136,7 +136,7 @@ class InlineDispatcher:
         self.tasks: set[asyncio.Task[Any]] = set()
 
     async def start_turns(self, tenant_id: str, session_id: str) -> None:
-        from agentvm.services.session_worker import SessionWorker
+        from agentvm.hosting.session_worker import SessionWorker
 
         worker = SessionWorker(self.inv.deps, fanout=self.tee, leases=self.rt.leases, owner=self.inv.owner)
         task = asyncio.get_running_loop().create_task(worker.run(tenant_id, session_id),
@@ -224,11 +224,11 @@ class _RequestScope:
     inv: Invocation | None = None
     tee: TeeFanout = field(init=False)
     inline: InlineDispatcher | None = None
-    services: Services | None = None
+    services: UseCases | None = None
 
     async def build(self, p: Principal) -> None:
-        from agentvm.services.bundle import Services
-        from agentvm.services.leased_sessions import LeasedSessions
+        from agentvm.hosting.leased_host import LeasedSessions
+        from agentvm.services.use_cases import UseCases
 
         self.principal = p
         inv = self.rt.invocation(p.tenant_id, role="chat_stream", driver=await self.rt.driver())
@@ -238,7 +238,7 @@ class _RequestScope:
         self.inline = InlineDispatcher(self.rt, inv, self.tee)
         sessions = LeasedSessions(inv.deps, fanout=self.tee, leases=self.rt.leases, dispatcher=self.inline,
                                   owner=inv.owner)
-        self.services = Services(inv.deps, sessions)
+        self.services = UseCases(inv.deps, sessions)
 
     async def close(self) -> None:
         if self.inline is not None:
@@ -301,7 +301,7 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
         require_operator(key)
         return Principal(key.tenant_id, key.key_id)
 
-    def services() -> Services:
+    def services() -> UseCases:
         built = _scope().services
         if built is None:
             raise RuntimeError("the request's caller is not known yet")

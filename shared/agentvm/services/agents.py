@@ -4,14 +4,14 @@ interrupts its turn and announces `session_destroyed` and `agent_unregistered`."
 from __future__ import annotations
 
 from agentvm.domain.models import Agent, Image, Principal
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_host import SessionHost, session_views
 from agentvm.ids import agent_id, now_ms
 from agentvm.protocol.envelope import encode, event
-from agentvm.services.deps import Deps
-from agentvm.services.session_host import SessionHost, session_views
 
 
 class AgentService:
-    def __init__(self, deps: Deps, sessions: SessionHost) -> None:
+    def __init__(self, deps: RuntimePorts, sessions: SessionHost) -> None:
         self.deps = deps
         self.sessions = sessions
 

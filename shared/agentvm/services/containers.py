@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from agentvm.domain.models import Container, Principal
+from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import now_ms
 from agentvm.protocol.envelope import encode, event
-from agentvm.services.deps import Deps
 
 
 class ContainerService:
-    def __init__(self, deps: Deps) -> None:
+    def __init__(self, deps: RuntimePorts) -> None:
         self.deps = deps
 
     async def ensure(self, p: Principal, container_id: str) -> Container:

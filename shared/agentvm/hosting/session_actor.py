@@ -11,15 +11,15 @@ from collections import deque
 from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Turn, TurnStatus
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.history import SessionHistory
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.turn_scheduler import ScheduledTurn
 from agentvm.ids import now_ms
-from agentvm.services.deps import Deps
-from agentvm.services.turn_scheduler import ScheduledTurn
 
 log = logging.getLogger(__name__)
 
 
 class SessionActor:
-    def __init__(self, deps: Deps, image: Image, channel: SessionChannel) -> None:
+    def __init__(self, deps: RuntimePorts, image: Image, channel: SessionChannel) -> None:
         self.deps = deps
         self.image = image
         self.channel = channel

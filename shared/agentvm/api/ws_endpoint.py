@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from agentvm.adapters.local.ws_hub import OVERFLOW_REASON, Connection, LocalHub
+from agentvm.api.ws_hub import OVERFLOW_REASON, Connection, LocalHub
 from agentvm.api.ws_router import CommandRouter
 from agentvm.auth.api_keys import MISSING_TOKEN
 from agentvm.domain.models import Principal

@@ -20,10 +20,10 @@ from typing import Any
 from agentvm.domain.models import Checkpoint, Image, LeaseState, LoggedEvent, Principal, Turn, TurnStatus
 from agentvm.engine.channel import SessionChannel
 from agentvm.errors import NotFound
+from agentvm.hosting.local_host import session_context
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.user_turns import announce, new_user_turn
 from agentvm.ports import Dispatcher, LeasedFanout, SessionLeases
-from agentvm.services.deps import Deps
-from agentvm.services.sessions import session_context
-from agentvm.services.user_turns import announce, new_user_turn
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class DeferredFanout:
 
 
 class LeasedSessions:
-    def __init__(self, deps: Deps, *, fanout: LeasedFanout, leases: SessionLeases, dispatcher: Dispatcher,
+    def __init__(self, deps: RuntimePorts, *, fanout: LeasedFanout, leases: SessionLeases, dispatcher: Dispatcher,
                  owner: str) -> None:
         self.deps = deps
         self.fanout = fanout

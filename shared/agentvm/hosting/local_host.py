@@ -10,9 +10,9 @@ from typing import Any
 from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Principal, Turn
 from agentvm.engine.channel import SessionChannel
 from agentvm.errors import NotFound
-from agentvm.services.deps import Deps
-from agentvm.services.session_actor import SessionActor
-from agentvm.services.user_turns import announce, new_user_turn
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_actor import SessionActor
+from agentvm.hosting.user_turns import announce, new_user_turn
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def session_context(image: Image, agent_id: str | None) -> dict[str, str]:
 
 
 class SessionRegistry:
-    def __init__(self, deps: Deps, *, idle_evict_s: float = 300.0) -> None:
+    def __init__(self, deps: RuntimePorts, *, idle_evict_s: float = 300.0) -> None:
         self.deps = deps
         self.idle_evict_s = idle_evict_s
         self._actors: dict[str, SessionActor] = {}

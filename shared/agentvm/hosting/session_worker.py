@@ -16,7 +16,7 @@ A worker that dies holding the lease (a crash, the function's timeout) leaves it
 and its runner mark on the lease record. The next worker to take the lease, once it has expired,
 finds the mark (`LeaseState.dead_runner`) and fails that turn (`worker_lost`: the error triple,
 `turn_response`, the error message in the history), as `avm serve` does at start-up with the turns
-of a crash (services/recovery.py), and gives back the budget hold of the call it died in; the turns
+of a crash (hosting/recovery.py), and gives back the budget hold of the call it died in; the turns
 queued behind it then run.
 """
 
@@ -33,12 +33,12 @@ from agentvm.domain.models import Checkpoint, Image, LeaseState, Turn, TurnStatu
 from agentvm.engine.channel import SEQ_BLOCK, SessionChannel
 from agentvm.engine.history import SessionHistory
 from agentvm.errors import WorkerLost
+from agentvm.hosting.leased_host import LEASE_TTL_MS
+from agentvm.hosting.local_host import session_context
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.turn_scheduler import ScheduledTurn
+from agentvm.hosting.user_turns import announce
 from agentvm.ports import LeasedFanout, SessionLeases
-from agentvm.services.deps import Deps
-from agentvm.services.leased_sessions import LEASE_TTL_MS
-from agentvm.services.sessions import session_context
-from agentvm.services.turn_scheduler import ScheduledTurn
-from agentvm.services.user_turns import announce
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class SessionWorker:
     """`before_release(session_id)`: called while the lease is still held, just before each release
     (the container task's worker marks the session handled there; see agentvm/worker)."""
 
-    def __init__(self, deps: Deps, *, fanout: LeasedFanout, leases: SessionLeases, owner: str,
+    def __init__(self, deps: RuntimePorts, *, fanout: LeasedFanout, leases: SessionLeases, owner: str,
                  poll_s: float = 0.25, renew_s: float = 20.0,
                  before_release: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.deps = deps
