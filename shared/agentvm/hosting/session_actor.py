@@ -8,12 +8,12 @@ import logging
 import time
 from collections import deque
 
-from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Turn, TurnStatus
+from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Turn
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.history import SessionHistory
 from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_events import drop_stopped
 from agentvm.hosting.turn_scheduler import ScheduledTurn
-from agentvm.ids import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,8 @@ class SessionActor:
         self._queue.clear()
         self.interrupt()
         if dropped:
-            ts = now_ms()
-            for t in dropped:
-                t.status, t.ended_at = TurnStatus.INTERRUPTED, ts
-                t.error_code, t.error_message = "agent_stopped", reason
-            await self.deps.store.commit(Checkpoint(t.tenant_id, t.session_id, turns=dropped))
+            drop_stopped(dropped, reason)
+            await self.deps.store.commit(Checkpoint(self.image.tenant_id, self.image.session_id, turns=dropped))
         if self._task is not None:
             await asyncio.wait({self._task}, timeout=30)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from agentvm.domain.models import Agent, Image, Principal
 from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_events import AGENT_STOPPED_TEXT
 from agentvm.hosting.session_host import SessionHost, session_views
 from agentvm.ids import agent_id, now_ms
 from agentvm.protocol.envelope import encode, event
@@ -40,7 +41,7 @@ class AgentService:
             return False
         if image is not None:
             for session in await session_views(store, image):
-                await self.sessions.stop(session, agent.agent_id, reason="The agent was stopped.")
+                await self.sessions.stop(session, agent.agent_id, reason=AGENT_STOPPED_TEXT)
         self.deps.fanout.to_container(p.tenant_id, agent.container_id, encode(event(
             "agent_unregistered", {"containerId": agent.container_id, "agentId": agent.agent_id},
             {"containerId": agent.container_id, "agentId": agent.agent_id})))
