@@ -7,7 +7,7 @@ import contextlib
 import functools
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import uvicorn
@@ -27,10 +27,11 @@ from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 from agentvm.adapters.local.tool_sandbox import ToolSandbox, assess
 from agentvm.api.http_app import HttpApi, create_app
 from agentvm.api.hub_feed import HubFeeds
+from agentvm.api.ws_auth import frame_principal, upgrade_principal
 from agentvm.api.ws_endpoint import WebSocketEndpoint
 from agentvm.api.ws_hub import LocalHub
 from agentvm.api.ws_router import CommandRouter
-from agentvm.auth.api_keys import ApiKey, Authenticator, extract_token, http_token, require_operator
+from agentvm.auth.api_keys import ApiKey, Authenticator, http_token, require_operator
 from agentvm.config import Settings
 from agentvm.domain.models import DEFAULT_TENANT, Principal
 from agentvm.drivers.scripted import ScriptedDriver
@@ -157,15 +158,12 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
     async def principal_for(ws: WebSocket) -> Principal | None:
         if not keyed:  # the open single-tenant mode: loopback only (architecture §5.3)
             return open_principal
-        token = extract_token(ws.headers, ws.query_params)
-        return None if token is None else await authenticator.authenticate(token)  # None: an `auth` frame next
-
-    async def frame_principal(headers: Mapping[str, str]) -> Principal:
-        return await authenticator.authenticate(extract_token(headers, None))
+        return await upgrade_principal(authenticator, ws.headers, ws.query_params)  # None: an `auth` frame next
 
     endpoint = WebSocketEndpoint(hub=hub, router=router, principal_for=principal_for,
                                  max_queue=settings.send_queue_max, wrap=settings.reliable_wrapper,
-                                 auth_frame=frame_principal, auth_timeout_s=settings.auth_timeout_s)
+                                 auth_frame=functools.partial(frame_principal, authenticator),
+                                 auth_timeout_s=settings.auth_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
