@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import uvicorn
 from fastapi import FastAPI
-from starlette.requests import Request
 from starlette.websockets import WebSocket
 
 from agentvm import __version__
@@ -26,12 +25,13 @@ from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 from agentvm.adapters.local.tool_sandbox import ToolSandbox, assess
 from agentvm.api.http_app import HttpApi, create_app
+from agentvm.api.http_callers import HttpCallers
 from agentvm.api.hub_feed import HubFeeds
 from agentvm.api.ws_auth import frame_principal, upgrade_principal
 from agentvm.api.ws_endpoint import WebSocketEndpoint
 from agentvm.api.ws_hub import LocalHub
 from agentvm.api.ws_router import CommandRouter
-from agentvm.auth.api_keys import ApiKey, Authenticator, http_token, require_operator
+from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
 from agentvm.domain.models import DEFAULT_TENANT, Principal
 from agentvm.drivers.scripted import ScriptedDriver
@@ -47,7 +47,7 @@ from agentvm.sandbox.uids import ToolUids
 from agentvm.services.billing import BillingService
 from agentvm.services.chat import ChatService
 from agentvm.services.config import ConfigService, from_settings
-from agentvm.services.keys import Caller, KeyService
+from agentvm.services.keys import KeyService
 from agentvm.services.metering import Meter
 from agentvm.services.metrics import TurnMetrics
 from agentvm.services.use_cases import UseCases
@@ -184,25 +184,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
             await mcp.close()
             await store.close()
 
-    async def http_key(request: Request) -> ApiKey | None:
-        # the header only: a key in a URL ends up in access logs
-        return await authenticator.authenticate_key(http_token(request.headers)) if keyed else None
-
-    async def http_principal(request: Request) -> Principal:
-        key = await http_key(request)
-        return open_principal if key is None else Principal(key.tenant_id, key.key_id)
-
-    async def http_admin(request: Request) -> Principal:
-        key = await http_key(request)
-        if key is not None:
-            require_operator(key)
-        return open_principal if key is None else Principal(key.tenant_id, key.key_id)
-
-    async def key_caller(request: Request) -> Caller:
-        key = await http_key(request)
-        if key is None:
-            return Caller(DEFAULT_TENANT, admin=True)  # the open mode's operator
-        return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
+    callers = HttpCallers(authenticator, open_tenant=None if keyed else DEFAULT_TENANT)
 
     async def health_problems() -> list[str]:
         disk_problem = disk.reserve_problem()  # tools that write are refused meanwhile
@@ -213,9 +195,9 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
 
     chat = ChatService(services, HubFeeds(hub, sessions, max_queue=settings.send_queue_max))
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
-                                                     principal_for=http_principal, config=lambda: config,
-                                                     admin_for=http_admin, keys=lambda: key_service,
-                                                     key_caller=key_caller, billing=lambda: billing,
+                                                     principal_for=callers.principal, config=lambda: config,
+                                                     admin_for=callers.admin, keys=lambda: key_service,
+                                                     key_caller=callers.key_caller, billing=lambda: billing,
                                                      services=lambda: services, chat=lambda: chat,
                                                      probe=store.probe, health_problems=health_problems,
                                                      archive_max_bytes=settings.archive_max_bytes,
