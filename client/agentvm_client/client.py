@@ -114,7 +114,6 @@ class _Registration:
     handler: Callable[..., Awaitable[None] | None]
 
 
-
 # --------------------------------------------------------------------------------------------- client
 
 
