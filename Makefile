@@ -25,7 +25,7 @@ serve: $(RUNTIME_STAMP)  ## run avm serve on 127.0.0.1:8080 (data in ~/.agentvm)
 	$(BIN)/avm serve $(ARGS)
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check shared local tests functions
+	$(BIN)/ruff check shared local client tests functions
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy

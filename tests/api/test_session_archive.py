@@ -20,7 +20,6 @@ import pytest
 
 from agentvm.domain.models import Principal
 from agentvm.errors import NotFound
-from agentvm.management import ManagementClient, ManagementError
 from agentvm.services.session_archive import (
     UNFINISHED_CODE,
     UNFINISHED_TEXT,
@@ -29,6 +28,7 @@ from agentvm.services.session_archive import (
     checksum_of,
     content_of,
 )
+from agentvm_client.management import ManagementClient, ManagementError
 from avm import cli
 from avm.sessions_cmd import ProgressBar
 from tests.api.test_sessions_http import finished_turns

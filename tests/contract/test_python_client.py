@@ -1,11 +1,11 @@
-"""agentvm.client against the real server: a dropped connection mid-stream loses nothing."""
+"""agentvm_client against the real server: a dropped connection mid-stream loses nothing."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from agentvm.client import AgentVMClient
+from agentvm_client import AgentVMClient
 from tests.contract.conftest import Server
 from tests.support.stock_client import StockClient
 
