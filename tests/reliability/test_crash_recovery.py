@@ -30,8 +30,9 @@ from typing import Any, BinaryIO
 import httpx
 import pytest
 
+from agentvm.adapters.aws.dynamodb_items import _key, _session_pk
 from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
-from agentvm.adapters.aws.dynamodb_store import DynamoDBStore, _key, _session_pk
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.local.cgroups import PidsCgroups
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.domain.models import (

@@ -235,7 +235,7 @@ def test_sam_build_ships_the_layer_for_arm64_precompiled(tmp_path: Path) -> None
 # ------------------------------------------------------------------------------------------ state
 
 def test_table_matches_table_definition() -> None:
-    from agentvm.adapters.aws.dynamodb_store import TABLE_DEFINITION
+    from agentvm.adapters.aws.dynamodb_table import TABLE_DEFINITION
 
     assert set(TABLE_DEFINITION) == {"AttributeDefinitions", "KeySchema", "GlobalSecondaryIndexes", "TimeToLive"}, (
         "TABLE_DEFINITION grew a key: teach template.yaml and this test about it")
