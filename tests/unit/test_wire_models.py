@@ -17,7 +17,7 @@ from agentvm.money import Cost
 from agentvm.protocol import envelope
 from agentvm.protocol import events as wire
 from agentvm.protocol import messages as msgs
-from agentvm.protocol.commands import ImageGetResponse, ResponseData
+from agentvm.protocol.commands import ImageGetResponse, ImageMessagesResponse, ResponseData
 from agentvm.protocol.wire_check import data_problems, frame_problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,3 +139,12 @@ def test_cloud_references_and_truncated_frames_are_known_shapes() -> None:
     cut = _env("tool_result", {"__truncated": True, "bytes": 200_000})
     assert frame_problems(cut) == []
     assert frame_problems({**cut, "data": {"__truncated": True}}) == ["tool_result: data.bytes: Field required"]
+
+
+def test_history_messages_are_checked_against_the_message_models() -> None:
+    history = [msgs.user_message("m1", "hi", 1), msgs.assistant_message("m2", "hello", 2)]
+    ok = envelope.response("image_messages", ImageMessagesResponse(request_id="r", image_id="i", messages=history))
+    assert frame_problems(ok) == []
+    bad = {**ok, "data": {**ok["data"], "messages": [{**history[0], "text": "hi"}, {"subtype": "other"}]}}
+    assert frame_problems(bad) == ["image_messages_response: data.messages.0.text: Extra inputs are not permitted",
+                                   "image_messages_response: data.messages.1: no message model for subtype 'other'"]

@@ -17,9 +17,14 @@ from pydantic import Field, ValidationError
 from agentvm.protocol.base import WireModel
 from agentvm.protocol.commands import RESPONSES, ResponseData
 from agentvm.protocol.events import EVENT_DATA, EVENT_META, EventContext
+from agentvm.protocol.messages import AssistantMessage, ErrorMessage, ToolCallMessage, ToolResultMessage, UserMessage
 
 _REQUIRED = ("type", "timestamp", "data", "source", "category", "intent")
 _OPTIONAL = ("context", "seq")
+# history (`image_messages_response.messages`) holds the message objects of the message events
+_MESSAGES: dict[str, type[WireModel]] = {"user": UserMessage, "assistant": AssistantMessage,
+                                         "tool-call": ToolCallMessage, "tool-result": ToolResultMessage,
+                                         "error": ErrorMessage}
 # the sources whose events are published on a session's channel, each with its `seq`
 _SESSION_SOURCES = frozenset({"agent", "session"})
 
@@ -113,4 +118,10 @@ def frame_problems(frame: str | bytes | dict[str, Any]) -> list[str]:
         model = RefData
     elif "__truncated" in data:
         model = TruncatedData
+    elif type_ == "image_messages_response" and isinstance(data.get("messages"), list):
+        for i, message in enumerate(data["messages"]):
+            kind = message.get("subtype") if isinstance(message, dict) else None
+            found = _MESSAGES.get(kind) if isinstance(kind, str) else None
+            out += (_strict(found, message, f"{type_}: data.messages.{i}") if found is not None else
+                    [f"{type_}: data.messages.{i}: no message model for subtype {kind!r}"])
     return out + _strict(model, data, f"{type_}: data")
