@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from agentvm.domain.models import Image, StoredMessage, Turn, TurnStatus
 from agentvm.engine.channel import SessionChannel
 from agentvm.ids import now_ms
+from agentvm.protocol import events as wire
 
 AGENT_STOPPED = "agent_stopped"
 AGENT_STOPPED_TEXT = "The agent was stopped."
@@ -24,23 +25,21 @@ def session_context(image: Image, agent_id: str | None) -> dict[str, str]:
 
 def announce(channel: SessionChannel, message: StoredMessage, *, sender: str | None) -> None:
     """`message_persisted` to everyone, `user_message` to everyone but the sender (who shows it already)."""
-    channel.publish("message_persisted", {"sessionId": message.session_id, "messageId": message.message_id,
-                                          "savedAt": now_ms()})
+    channel.publish("message_persisted", wire.message_persisted(message.session_id, message.message_id, now_ms()))
     channel.publish("user_message", message.body, exclude=sender, timestamp=int(message.body["timestamp"]))
 
 
 def queued(channel: SessionChannel, message_id: str) -> None:
     """The message's turn waits behind another one."""
-    channel.publish("conversation_queued", {"messageId": message_id})
+    channel.publish("conversation_queued", wire.conversation_queued(message_id))
 
 
 def interrupted(channel: SessionChannel, agent_id: str, container_id: str) -> None:
-    channel.publish("interrupted", {"agentId": agent_id, "containerId": container_id})
+    channel.publish("interrupted", wire.interrupted(agent_id, container_id))
 
 
 def session_destroyed(channel: SessionChannel, image: Image, agent_id: str) -> None:
-    channel.publish("session_destroyed", {"sessionId": image.session_id, "agentId": agent_id,
-                                          "containerId": image.container_id})
+    channel.publish("session_destroyed", wire.session_destroyed(image.session_id, agent_id, image.container_id))
 
 
 def drop_stopped(turns: Iterable[Turn], reason: str = AGENT_STOPPED_TEXT) -> list[Turn]:
