@@ -25,9 +25,9 @@ serve: $(RUNTIME_STAMP)  ## run avm serve on 127.0.0.1:8080 (data in ~/.agentvm)
 	$(BIN)/avm serve $(ARGS)
 
 lint: $(DEV_STAMP)  ## ruff, and the import rules of pyproject.toml's [tool.importlinter] (docs/architecture.md)
-	$(BIN)/ruff check shared local tests functions
+	$(BIN)/ruff check shared local client tests functions
 	@# this tree's packages, whichever checkout the venv's editable install points at
-	PYTHONPATH=shared:local$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/lint-imports --no-logo
+	PYTHONPATH=shared:local:client$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/lint-imports --no-logo
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy

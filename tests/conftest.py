@@ -17,6 +17,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+@pytest.fixture(autouse=True)
+def _wire_matches_the_protocol_models() -> Iterator[None]:
+    """Fail a test that received a frame the protocol models do not describe (tests/support/wire.py)."""
+    from tests.support import wire
+
+    wire.DRIFT.clear()
+    yield
+    drift, wire.DRIFT[:] = list(wire.DRIFT), []
+    assert not drift, "frames that drift from agentvm/protocol (events.py, commands.py):\n" + "\n".join(
+        sorted(set(drift))[:20])
+
+
 @pytest.fixture
 def traversable_dir() -> Iterator[Path]:
     """A fresh directory under /tmp that every uid may traverse (0o711). Tools and MCP servers run as

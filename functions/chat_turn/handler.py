@@ -9,7 +9,7 @@ from typing import Any
 
 # loaded at init (and in the SnapStart snapshot), not by the first invocation
 import agentvm.adapters.aws.cloud_fanout
-import agentvm.services.session_worker  # noqa: F401
+import agentvm.hosting.session_worker  # noqa: F401
 from agentvm.cloud.observability import Count, Milliseconds, observe
 from agentvm.cloud.runtime import run, runtime
 from agentvm.domain.models import Turn, TurnStatus

@@ -6,38 +6,25 @@ from __future__ import annotations
 from typing import Any
 
 from mangum import Mangum
-from starlette.requests import Request
 
 from agentvm.api.http_app import HttpApi, create_app
-from agentvm.auth.api_keys import http_token, require_operator
+from agentvm.api.http_callers import HttpCallers
+from agentvm.auth.api_keys import Authenticator
 from agentvm.cloud.observability import Count, observe, status_class
 from agentvm.cloud.runtime import loop, runtime
-from agentvm.domain.models import Principal
 from agentvm.errors import NotConfigured
 from agentvm.services.config import ConfigService
-from agentvm.services.keys import Caller, KeyService
+from agentvm.services.keys import KeyService
 from agentvm.services.resources import ResourceService
 
 obs = observe("http_api")
 
 
-async def _principal(request: Request) -> Principal:
-    rt = await runtime().ready()
-    # the header only: a key in a URL ends up in access logs
-    return await rt.authenticator.authenticate(http_token(request.headers))
+async def _authenticator() -> Authenticator:
+    return (await runtime().ready()).authenticator
 
 
-async def _admin(request: Request) -> Principal:
-    rt = await runtime().ready()
-    key = await rt.authenticator.authenticate_key(http_token(request.headers))
-    require_operator(key)
-    return Principal(key.tenant_id, key.key_id)
-
-
-async def _key_caller(request: Request) -> Caller:
-    rt = await runtime().ready()
-    key = await rt.authenticator.authenticate_key(http_token(request.headers))
-    return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
+_callers = HttpCallers(_authenticator)
 
 
 def _keys() -> KeyService:
@@ -56,8 +43,8 @@ def _config() -> ConfigService:
     return config
 
 
-_asgi = Mangum(create_app(api=HttpApi(resources=_resources, principal_for=_principal, config=_config,
-                                      admin_for=_admin, keys=_keys, key_caller=_key_caller,
+_asgi = Mangum(create_app(api=HttpApi(resources=_resources, principal_for=_callers.principal, config=_config,
+                                      admin_for=_callers.admin, keys=_keys, key_caller=_callers.key_caller,
                                       billing=lambda: runtime().billing, turn_log=lambda: runtime().store)),
                 lifespan="off")
 

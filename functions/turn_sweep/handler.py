@@ -1,6 +1,6 @@
 """turn_sweep (EventBridge schedule, every 2 minutes by default): starts `chat_turn` for a session
 whose queued turns nobody runs (its runner died, or its dispatch was lost); see
-services/turn_sweep.py. Idle it reads the unfinished-turns index and nothing else."""
+hosting/turn_sweep.py. Idle it reads the unfinished-turns index and nothing else."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from agentvm.cloud.observability import Count, observe
 from agentvm.cloud.runtime import run, runtime
+from agentvm.hosting.turn_sweep import sweep
 from agentvm.ids import now_ms
-from agentvm.services.turn_sweep import sweep
 
 obs = observe("turn_sweep")
 

@@ -7,16 +7,14 @@ import contextlib
 import functools
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import uvicorn
 from fastapi import FastAPI
-from starlette.requests import Request
 from starlette.websockets import WebSocket
 
 from agentvm import __version__
-from agentvm.adapters.local.hub_feed import HubFeeds
 from agentvm.adapters.local.local_container_tier import LocalContainerTier
 from agentvm.adapters.local.local_disk import LocalDisk
 from agentvm.adapters.local.local_env import EnvLLMProvider, ProcessEnv
@@ -27,30 +25,33 @@ from agentvm.adapters.local.sqlite_keys import SqliteKeys
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 from agentvm.adapters.local.tool_sandbox import ToolSandbox, assess
-from agentvm.adapters.local.ws_endpoint import WebSocketEndpoint
-from agentvm.adapters.local.ws_hub import LocalHub
 from agentvm.api.http_app import HttpApi, create_app
+from agentvm.api.http_callers import HttpCallers
+from agentvm.api.hub_feed import HubFeeds
+from agentvm.api.ws_auth import frame_principal, upgrade_principal
+from agentvm.api.ws_endpoint import WebSocketEndpoint
+from agentvm.api.ws_hub import LocalHub
 from agentvm.api.ws_router import CommandRouter
-from agentvm.auth.api_keys import Authenticator, extract_token, http_token, require_operator
+from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
-from agentvm.domain.models import DEFAULT_TENANT, ApiKey, Principal
+from agentvm.domain.models import DEFAULT_TENANT, Principal
 from agentvm.domain.sandbox_limits import Limits
 from agentvm.drivers.scripted import ScriptedDriver
 from agentvm.engine.runner import EngineOptions
+from agentvm.hosting.local_host import SessionRegistry
+from agentvm.hosting.recovery import recover_unfinished_turns
+from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import now_ms
 from agentvm.ports import Driver
 from agentvm.sandbox.quota import DiskPolicy, free_space
 from agentvm.sandbox.uids import ToolUids
 from agentvm.services.billing import BillingService
-from agentvm.services.bundle import Services
 from agentvm.services.chat import ChatService
 from agentvm.services.config import ConfigService, from_settings
-from agentvm.services.deps import Deps
-from agentvm.services.keys import Caller, KeyService
+from agentvm.services.keys import KeyService
 from agentvm.services.metering import Meter
 from agentvm.services.metrics import TurnMetrics
-from agentvm.services.recovery import recover_unfinished_turns
-from agentvm.services.sessions import SessionRegistry
+from agentvm.services.use_cases import UseCases
 from agentvm.tools.catalog import StdioSchemas, ToolCatalog
 from agentvm.tools.mcp import McpPool
 from agentvm.tools.provider import WorkspaceTools
@@ -98,7 +99,7 @@ class Runtime:
     settings: Settings
     store: SqliteStore
     hub: LocalHub
-    services: Services
+    services: UseCases
     sessions: SessionRegistry
     router: CommandRouter
     endpoint: WebSocketEndpoint
@@ -141,14 +142,14 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
     metrics = TurnMetrics(connections=hub.per_tenant, containers=lambda: sessions.active_containers())
     ledger = SqliteUsageLedger(store)
     meter = Meter(ledger, budget_cache_s=5.0, on_overrun=metrics.observe_budget_overrun)
-    deps = Deps(store=store, fanout=hub, driver=drv, options=options,
-                tools=ToolCatalog(pool=mcp, stdio=stdio, store=store,
-                                  http_allow_private=settings.http_tools_allow_private),
-                container_tier=sandbox, sandbox_tools=sandbox,
-                turn_options=config, turn_observer=metrics.observe_turn, meter=meter,
-                sandbox_refusal=lambda: tool_sandbox.refusal)
+    deps = RuntimePorts(store=store, fanout=hub, driver=drv, options=options,
+                        tools=ToolCatalog(pool=mcp, stdio=stdio, store=store,
+                                          http_allow_private=settings.http_tools_allow_private),
+                        container_tier=sandbox, sandbox_tools=sandbox,
+                        turn_options=config, turn_observer=metrics.observe_turn, meter=meter,
+                        sandbox_refusal=lambda: tool_sandbox.refusal)
     sessions = SessionRegistry(deps)
-    services = Services(deps, sessions)
+    services = UseCases(deps, sessions)
     router = CommandRouter(services, hub)
     open_principal = Principal(DEFAULT_TENANT)
     keys = SqliteKeys(store)
@@ -158,15 +159,12 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
     async def principal_for(ws: WebSocket) -> Principal | None:
         if not keyed:  # the open single-tenant mode: loopback only (architecture §5.3)
             return open_principal
-        token = extract_token(ws.headers, ws.query_params)
-        return None if token is None else await authenticator.authenticate(token)  # None: an `auth` frame next
-
-    async def frame_principal(headers: Mapping[str, str]) -> Principal:
-        return await authenticator.authenticate(extract_token(headers, None))
+        return await upgrade_principal(authenticator, ws.headers, ws.query_params)  # None: an `auth` frame next
 
     endpoint = WebSocketEndpoint(hub=hub, router=router, principal_for=principal_for,
                                  max_queue=settings.send_queue_max, wrap=settings.reliable_wrapper,
-                                 auth_frame=frame_principal, auth_timeout_s=settings.auth_timeout_s)
+                                 auth_frame=functools.partial(frame_principal, authenticator),
+                                 auth_timeout_s=settings.auth_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -187,25 +185,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
             await mcp.close()
             await store.close()
 
-    async def http_key(request: Request) -> ApiKey | None:
-        # the header only: a key in a URL ends up in access logs
-        return await authenticator.authenticate_key(http_token(request.headers)) if keyed else None
-
-    async def http_principal(request: Request) -> Principal:
-        key = await http_key(request)
-        return open_principal if key is None else Principal(key.tenant_id, key.key_id)
-
-    async def http_admin(request: Request) -> Principal:
-        key = await http_key(request)
-        if key is not None:
-            require_operator(key)
-        return open_principal if key is None else Principal(key.tenant_id, key.key_id)
-
-    async def key_caller(request: Request) -> Caller:
-        key = await http_key(request)
-        if key is None:
-            return Caller(DEFAULT_TENANT, admin=True)  # the open mode's operator
-        return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
+    callers = HttpCallers(authenticator, open_tenant=None if keyed else DEFAULT_TENANT)
 
     async def health_problems() -> list[str]:
         disk_problem = disk.reserve_problem()  # tools that write are refused meanwhile
@@ -216,9 +196,9 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
 
     chat = ChatService(services, HubFeeds(hub, sessions, max_queue=settings.send_queue_max))
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
-                                                     principal_for=http_principal, config=lambda: config,
-                                                     admin_for=http_admin, keys=lambda: key_service,
-                                                     key_caller=key_caller, billing=lambda: billing,
+                                                     principal_for=callers.principal, config=lambda: config,
+                                                     admin_for=callers.admin, keys=lambda: key_service,
+                                                     key_caller=callers.key_caller, billing=lambda: billing,
                                                      services=lambda: services, chat=lambda: chat,
                                                      probe=store.probe, health_problems=health_problems,
                                                      archive_max_bytes=settings.archive_max_bytes,

@@ -23,7 +23,8 @@ from typing import Any, TextIO, TypeVar
 
 import orjson
 
-from agentvm.client import (
+from agentvm.config import ClientSettings
+from agentvm_client import (
     AgentVMClient,
     ClientError,
     ConnectError,
@@ -32,7 +33,6 @@ from agentvm.client import (
     RequestFailed,
     RequestTimeout,
 )
-from agentvm.config import ClientSettings
 
 DEFAULT_URL = "ws://127.0.0.1:8080/ws"
 _INTERRUPT_TIMEOUT_S = 10.0

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from agentvm.management import ManagementClient, ManagementError, http_base
+from agentvm_client.management import ManagementClient, ManagementError, http_base
 from avm.server_args import add_action, add_server_options
 
 

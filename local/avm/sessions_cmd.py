@@ -15,7 +15,7 @@ from typing import TextIO
 
 import httpx
 
-from agentvm.management import ManagementClient, ManagementError, http_base
+from agentvm_client.management import ManagementClient, ManagementError, http_base
 from avm.server_args import add_action, add_server_options
 
 BAR_MIN_BYTES = 1024 * 1024  # smaller archives move too fast for a bar to say anything

@@ -32,13 +32,9 @@ from agentvm.drivers.base import DriverEvent, LLMRequest, ToolOutcome
 from agentvm.money import Cost, ModelPrice
 
 
-class Store(Protocol):
-    """Durable state. Every method is scoped by tenant: another tenant's id reads as absent."""
+class ContainerRepository(Protocol):
+    """Containers."""
 
-    async def open(self) -> None: ...
-    async def close(self) -> None: ...
-
-    # containers
     async def create_container(self, container: Container) -> bool:
         """Insert unless it exists; True when it was created."""
         ...
@@ -46,7 +42,10 @@ class Store(Protocol):
     async def get_container(self, tenant_id: str, container_id: str) -> Container | None: ...
     async def list_containers(self, tenant_id: str) -> list[Container]: ...
 
-    # images and their primary session
+
+class ImageRepository(Protocol):
+    """Images and their sessions (the primary one is created with its image)."""
+
     async def create_image(self, image: Image, session: Session) -> None: ...
     async def get_image(self, tenant_id: str, image_id: str) -> Image | None: ...
     async def list_images(self, tenant_id: str, container_id: str | None = None) -> list[Image]:
@@ -74,7 +73,10 @@ class Store(Protocol):
         (The primary session goes only with its image: services refuse to delete it alone.)"""
         ...
 
-    # agents (activation records)
+
+class AgentRepository(Protocol):
+    """Agents (activation records), one per image."""
+
     async def put_agent(self, agent: Agent) -> Agent:
         """Insert unless the image already has an agent; returns the agent that is registered."""
         ...
@@ -84,20 +86,27 @@ class Store(Protocol):
     async def list_agents(self, tenant_id: str, container_id: str | None = None) -> list[Agent]: ...
     async def delete_agent(self, tenant_id: str, agent_id: str) -> bool: ...
 
-    # history, turns, event log
+
+class SessionLog(Protocol):
+    """A session's history and event log: checkpoints, messages, events and their seqs."""
+
     async def commit(self, checkpoint: Checkpoint) -> None:
         """Atomically insert messages (idempotent by id), append events, upsert turns."""
         ...
 
     async def list_messages(self, tenant_id: str, session_id: str) -> list[StoredMessage]: ...
-    async def search_messages(self, tenant_id: str, query: str, *, limit: int = 20,
-                              cursor: str | None = None) -> tuple[list[SearchHit], str | None]:
-        """Full-text search of the tenant's messages (agentvm.domain.message_text: plain words, every
-        one required; HTML snippets), best first; a page of at most `limit` and the cursor of the
-        next one (InvalidRequest for a bad cursor). Messages of deleted sessions never appear. A
-        page may hold fewer than `limit` hits while a cursor follows (the cloud store reads a
-        bounded window per call): the search is over only when the cursor is None."""
+    async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
+                          limit: int = 10_000) -> list[LoggedEvent]: ...
+    async def last_seq(self, tenant_id: str, session_id: str) -> int: ...
+    async def reserve_seqs(self, tenant_id: str, session_id: str, block: int) -> tuple[int, int]:
+        """Reserve the next `block` seqs above everything reserved or logged: (first, last)."""
         ...
+
+    async def prune_events(self, older_than_ms: int) -> int: ...
+
+
+class TurnLog(Protocol):
+    """Turns: a session's, the tenant's turn log, and those left unfinished."""
 
     async def get_turn(self, tenant_id: str, turn_id: str) -> Turn | None: ...
     async def list_turns(self, tenant_id: str, session_id: str) -> list[Turn]: ...
@@ -107,20 +116,28 @@ class Store(Protocol):
         page of at most `limit` and the cursor of the next one (InvalidRequest for a bad cursor)."""
         ...
 
-    async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
-                          limit: int = 10_000) -> list[LoggedEvent]: ...
-    async def last_seq(self, tenant_id: str, session_id: str) -> int: ...
-    async def reserve_seqs(self, tenant_id: str, session_id: str, block: int) -> tuple[int, int]:
-        """Reserve the next `block` seqs above everything reserved or logged: (first, last)."""
-        ...
-
-    async def prune_events(self, older_than_ms: int) -> int: ...
     async def list_unfinished_turns(self) -> list[Turn]:
         """Turns of every tenant left queued or running (after a crash)."""
         ...
 
-    # resources (the resource center): immutable versions; a resource is visible to its owner
-    # tenant, and to every tenant once published
+
+class SearchIndex(Protocol):
+    """Full-text search of a tenant's messages."""
+
+    async def search_messages(self, tenant_id: str, query: str, *, limit: int = 20,
+                              cursor: str | None = None) -> tuple[list[SearchHit], str | None]:
+        """Full-text search of the tenant's messages (agentvm.domain.message_text: plain words, every
+        one required; HTML snippets), best first; a page of at most `limit` and the cursor of the
+        next one (InvalidRequest for a bad cursor). Messages of deleted sessions never appear. A
+        page may hold fewer than `limit` hits while a cursor follows (the cloud store reads a
+        bounded window per call): the search is over only when the cursor is None."""
+        ...
+
+
+class ResourceRepository(Protocol):
+    """The resource center: immutable versions; a resource is visible to its owner tenant, and to every
+    tenant once published."""
+
     async def create_resource(self, first: ResourceVersion) -> None:
         """Create a resource with its first version. Conflict when the owner already has a resource
         of that kind and name, or when it is published and another tenant published that name."""
@@ -152,6 +169,15 @@ class Store(Protocol):
     async def delete_resource(self, tenant_id: str, resource_id: str) -> bool:
         """Delete every version of the tenant's own resource; False when it has none."""
         ...
+
+
+class Store(ContainerRepository, ImageRepository, AgentRepository, SessionLog, TurnLog, SearchIndex,
+            ResourceRepository, Protocol):
+    """Durable state: every repository on one database. Every method is scoped by tenant: another
+    tenant's id reads as absent. A use case that needs only some of it declares only those ports."""
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 class SessionLeases(Protocol):

@@ -11,12 +11,8 @@ from typing import Any
 import botocore.session
 import pytest
 
-from agentvm.adapters.aws.dynamodb_store import (
-    DEFAULT_EVENT_TTL_S,
-    GSI_SPARSE,
-    TABLE_DEFINITION,
-    DynamoDBStore,
-)
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
+from agentvm.adapters.aws.dynamodb_table import DEFAULT_EVENT_TTL_S, GSI_SPARSE, TABLE_DEFINITION
 from agentvm.domain.models import (
     Agent,
     Checkpoint,

@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from agentvm.domain.config_secrets import REDACTED_MARK, redact_config
-from agentvm.management import ManagementClient
 from agentvm.services.session_archive import checksum_of
 from agentvm.tools.mcp import McpPool, parse_mcp_servers, unconfined
+from agentvm_client.management import ManagementClient
 from avm import cli
 from tests.api.test_sessions_http import finished_turns
 from tests.support.scripts import RecordingDriver, reference_driver

@@ -10,15 +10,23 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from httpx_sse import ServerSentEvent, aconnect_sse
 
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
+from agentvm.protocol import envelope
 from agentvm.services.chat import ChatTurn
 from tests.support.scripts import REFERENCE_SCRIPT, RecordingDriver
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient
+from tests.support.wire import watch_chat_feed
 
 URL = "/api/v1/chat/completions"
+
+
+@pytest.fixture(autouse=True)
+def _session_events_match_the_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    watch_chat_feed(monkeypatch)
 
 
 async def read_all(http: httpx.AsyncClient, body: dict[str, Any], **kw: Any) -> list[ServerSentEvent]:
@@ -187,7 +195,7 @@ class _QuietFeed:
 
 async def test_heartbeats_while_nothing_happens_and_turns_ahead_are_skipped() -> None:
     def env(kind: str, data: dict[str, Any], seq: int) -> str:
-        return orjson.dumps({"type": kind, "data": data, "seq": seq}).decode()
+        return envelope.encode(envelope.event(kind, data, {"sessionId": "s"}, seq=seq))
 
     frames = [env("text_delta", {"text": "earlier turn"}, 1), env("turn_response", {"turnId": "t0"}, 2),
               env("text_delta", {"text": "ours"}, 3)]

@@ -1,4 +1,4 @@
-"""`agentvm.management.ManagementClient` against `avm serve`: the design note's Python API for
+"""`agentvm_client.ManagementClient` against `avm serve`: the design note's Python API for
 definitions and images, plus resources and config, with the server's errors raised as such."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentvm.drivers.scripted import ScriptedDriver
-from agentvm.management import ManagementClient, ManagementError, http_base
+from agentvm_client.management import ManagementClient, ManagementError, http_base
 from tests.support.servers import in_process
 
 

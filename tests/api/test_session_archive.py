@@ -20,7 +20,6 @@ import pytest
 
 from agentvm.domain.models import Principal
 from agentvm.errors import NotFound
-from agentvm.management import ManagementClient, ManagementError
 from agentvm.services.session_archive import (
     UNFINISHED_CODE,
     UNFINISHED_TEXT,
@@ -29,6 +28,7 @@ from agentvm.services.session_archive import (
     checksum_of,
     content_of,
 )
+from agentvm_client.management import ManagementClient, ManagementError
 from avm import cli
 from avm.sessions_cmd import ProgressBar
 from tests.api.test_sessions_http import finished_turns
@@ -272,7 +272,7 @@ async def test_a_failure_after_the_first_write_leaves_nothing(srv: InProcess, mo
         "billedCost": str(Decimal(turn["billedCost"]) * len(turns))}}
     big["checksum"] = checksum_of(big)
     s = srv.runtime.services
-    archives = SessionArchive(s.deps, s.images, s.session_center)
+    archives = SessionArchive(s.deps, s.images, s.image_sessions)
     p = Principal("local")
     store = srv.runtime.store
     counts = db_counts(srv)
@@ -325,7 +325,7 @@ async def test_unfinished_turns_come_in_interrupted_and_other_tenants_see_nothin
         assert (await finished_turns(http, new_sid, 4))[-1]["status"] == "completed"
 
     s = srv.runtime.services
-    archives = SessionArchive(s.deps, s.images, s.session_center)
+    archives = SessionArchive(s.deps, s.images, s.image_sessions)
     with pytest.raises(NotFound, match=f"Session not found: {sid}"):
         await archives.export(Principal("another-tenant"), sid)
     assert (await archives.export(Principal("local"), sid))["origin"]["sessionId"] == sid

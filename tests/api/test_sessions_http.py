@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from agentvm.drivers.scripted import ScriptedDriver
-from agentvm.management import ManagementClient
+from agentvm_client.management import ManagementClient
 from tests.support.scripts import RecordingDriver
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient

@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 import uvloop
 
-from agentvm.adapters.local.ws_hub import OVERFLOW_REASON
+from agentvm.api.ws_hub import OVERFLOW_REASON
 from tests.bench.load import RawConn, close_all, open_many, percentile
 from tests.bench.run import (
     OWN_PIDS,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentvm.adapters.local.ws_hub import OVERFLOW_REASON
+from agentvm.api.ws_hub import OVERFLOW_REASON
 from tests.bench.many_clients import QUICK
 from tests.support.servers import REPO
 

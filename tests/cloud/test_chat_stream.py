@@ -21,6 +21,12 @@ from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.cloud.stream_app import create_stream_app
 from tests.support.servers import free_port
+from tests.support.wire import watch_chat_feed
+
+
+@pytest.fixture(autouse=True)
+def _session_events_match_the_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    watch_chat_feed(monkeypatch)
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ import pytest
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.domain.models import Checkpoint, Principal, TurnStatus
 from agentvm.engine.channel import SEQ_BLOCK
+from agentvm.hosting.leased_host import LEASE_TTL_MS, LeasedSessions
+from agentvm.hosting.session_worker import WORKER_LOST_TEXT
+from agentvm.hosting.turn_sweep import SWEEP_GRACE_MS, SweepReport, sweep
 from agentvm.ids import now_ms
 from agentvm.protocol.commands import ImageConfig
-from agentvm.services.bundle import Services
-from agentvm.services.leased_sessions import LEASE_TTL_MS, LeasedSessions
-from agentvm.services.session_worker import WORKER_LOST_TEXT
-from agentvm.services.turn_sweep import SWEEP_GRACE_MS, SweepReport, sweep
+from agentvm.services.use_cases import UseCases
 from tests.support.cloud_edge import load_handler
 from tests.support.dynamodb_calls import Calls
 
@@ -41,7 +41,7 @@ async def _queued_turn(rt: cloud_runtime.CloudRuntime, container: str) -> tuple[
     inv = rt.invocation(TENANT, role="ws_default")
     sessions = LeasedSessions(inv.deps, fanout=inv.fanout, leases=rt.leases, dispatcher=Dispatches(),
                               owner=inv.owner)
-    s, p = Services(inv.deps, sessions), Principal(TENANT)
+    s, p = UseCases(inv.deps, sessions), Principal(TENANT)
     image = await s.images.create(p, container, ImageConfig(name="Sweep"))
     _, _, turn = await s.turns.send(p, None, image.image_id, None, "hello")
     await inv.fanout.close()

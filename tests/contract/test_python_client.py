@@ -1,12 +1,13 @@
-"""agentvm.client against the real server: a dropped connection mid-stream loses nothing."""
+"""agentvm_client against the real server: a dropped connection mid-stream loses nothing."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from agentvm.client import AgentVMClient
+from agentvm_client import AgentVMClient
 from tests.contract.conftest import Server
+from tests.support import wire
 from tests.support.stock_client import StockClient
 
 
@@ -15,6 +16,7 @@ async def test_reconnect_resubscribes_with_after_seq_and_nothing_is_lost_or_doub
         await asyncio.sleep(0.05)
         others = server.connection_ids()
         async with AgentVMClient(server.url, min_reconnect_delay=0.05, max_reconnect_delay=0.2) as client:
+            client.on("*", wire.check_frame)  # every event it dispatches matches the protocol models
             await asyncio.sleep(0.05)
             (own,) = server.connection_ids() - others
             seen, dropped_at = await stream_and_drop(client, watcher, server, own)

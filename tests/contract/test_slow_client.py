@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentvm.adapters.local.ws_hub import OVERFLOW_REASON
+from agentvm.api.ws_hub import OVERFLOW_REASON
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
 from tests.support.raw_ws import read_until_close
 from tests.support.servers import in_process

@@ -4,12 +4,12 @@
 Local: the store passes SQLite's integrity check right after the kill, and after the restart the
 interrupted turns are `failed` (`server_restart`) with an error message in their history, the user
 messages are kept, nothing is billed twice, no budget stays held, no tool process outlives the
-server, and the next message works (`services/recovery.py`).
+server, and the next message works (`hosting/recovery.py`).
 
 Cloud (moto): the next `chat_turn` of the session, once the dead invocation's lease has expired,
 fails the turn it left unfinished (`worker_lost`), gives back the budget hold of the call it died in,
 publishes the error to the subscribers, and runs the turns queued behind it
-(`services/session_worker.py`).
+(`hosting/session_worker.py`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from typing import Any, BinaryIO
 import httpx
 import pytest
 
+from agentvm.adapters.aws.dynamodb_items import _key, _session_pk
 from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
-from agentvm.adapters.aws.dynamodb_store import DynamoDBStore, _key, _session_pk
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.local.cgroups import PidsCgroups
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.domain.models import (
@@ -44,12 +45,12 @@ from agentvm.domain.models import (
     TurnStatus,
 )
 from agentvm.domain.usage import Budget, Spend, period_of
+from agentvm.hosting.leased_host import LEASE_TTL_MS, LeasedSessions
+from agentvm.hosting.recovery import RESTART_CODE, RESTART_TEXT
+from agentvm.hosting.session_worker import WORKER_LOST_TEXT
 from agentvm.ids import now_ms
 from agentvm.protocol.commands import ImageConfig
-from agentvm.services.bundle import Services
-from agentvm.services.leased_sessions import LEASE_TTL_MS, LeasedSessions
-from agentvm.services.recovery import RESTART_CODE, RESTART_TEXT
-from agentvm.services.session_worker import WORKER_LOST_TEXT
+from agentvm.services.use_cases import UseCases
 from tests.aws_fixtures import REGION, aws_env, moto_endpoint  # noqa: F401  (fixtures)
 from tests.cloud.conftest import cloud_runtime_on
 from tests.support.moto_posts import posted_frames
@@ -307,12 +308,12 @@ def test_a_chat_turn_killed_mid_turn_is_failed_by_the_next_chat_turn(
 async def _chat_turn_killed_mid_turn(rt: cloud_runtime.CloudRuntime, log: BinaryIO) -> None:
     p, dispatches = Principal(TENANT), _Dispatches()
 
-    def ws_default() -> tuple[Any, Services]:
+    def ws_default() -> tuple[Any, UseCases]:
         """One `ws_default` invocation's services (the sessions hosted by lease)."""
         inv = rt.invocation(TENANT, role="ws_default")
         sessions = LeasedSessions(inv.deps, fanout=inv.fanout, leases=rt.leases, dispatcher=dispatches,
                                   owner=inv.owner)
-        return inv, Services(inv.deps, sessions)
+        return inv, UseCases(inv.deps, sessions)
 
     async def lease_record(sid: str) -> dict[str, Any]:
         got = await rt.store.client.get_item(TableName=rt.store.table_name, ConsistentRead=True,
@@ -376,7 +377,7 @@ async def _chat_turn_killed_mid_turn(rt: cloud_runtime.CloudRuntime, log: Binary
     assert [(t.status, t.error_code, t.error_message) for t in stored] == [
         (TurnStatus.FAILED, "worker_lost", WORKER_LOST_TEXT), (TurnStatus.COMPLETED, None, None)]
     assert stored[0].ended_at
-    history = [m.body for m in await s.session_center.messages(p, sid)]
+    history = [m.body for m in await s.image_sessions.messages(p, sid)]
     assert [m["subtype"] for m in history] == ["user", "error", "user", "assistant"]
     assert (history[0]["content"], history[2]["content"]) == ("stream please", "hello again")
     assert (history[1]["content"], history[1]["errorCode"]) == (WORKER_LOST_TEXT, "worker_lost")
@@ -453,7 +454,7 @@ def test_a_container_task_lost_while_resuming_a_turn_leaves_it_to_the_next_runne
 async def _task_lost_while_resuming(rt: cloud_runtime.CloudRuntime) -> None:
     p = Principal(TENANT)
     inv = rt.invocation(TENANT, role="ws_default")
-    s = Services(inv.deps, LeasedSessions(inv.deps, fanout=inv.fanout, leases=rt.leases, dispatcher=_Dispatches(),
+    s = UseCases(inv.deps, LeasedSessions(inv.deps, fanout=inv.fanout, leases=rt.leases, dispatcher=_Dispatches(),
                                           owner=inv.owner))
     image = await s.images.create(p, "c-task", ImageConfig(name="Task"))
     sid = image.session_id
@@ -470,7 +471,7 @@ async def _task_lost_while_resuming(rt: cloud_runtime.CloudRuntime) -> None:
     await inv.fanout.close()
     assert [(t.turn_id, t.status, t.tier, t.error_code) for t in ran] == [
         (turn.turn_id, TurnStatus.FAILED, "container", "worker_lost")]
-    history = [m.body for m in await s.session_center.messages(p, sid)]
+    history = [m.body for m in await s.image_sessions.messages(p, sid)]
     assert [(m["subtype"], m.get("errorCode")) for m in history] == [("user", None), ("error", "worker_lost")]
     state = await rt.leases.poll(TENANT, sid, consistent=True)
     assert not state.held and not state.queued

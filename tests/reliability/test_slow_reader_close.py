@@ -9,7 +9,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from agentvm.adapters.local.ws_hub import OVERFLOW_REASON
+from agentvm.api.ws_hub import OVERFLOW_REASON
 from tests.support.raw_ws import client_frame, open_raw, read_until_close
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentvm.adapters.aws.dynamodb_store import TABLE_DEFINITION
+from agentvm.adapters.aws.dynamodb_table import TABLE_DEFINITION
 
 ACCOUNT = "123456789012"
 REGION = "us-east-1"

@@ -1,7 +1,8 @@
 """A raw WebSocket client that behaves like the stock AgentX client (agentxjs 1.9, spec §1.8):
 unwraps `{__msgId, __payload}` and ACKs each wrapper before processing, correlates responses by
 `category == "response"` and `data.requestId`, and subscribes to every session named in
-`__subscriptions`. It records every frame it receives, in order, for exact assertions."""
+`__subscriptions`. It records every frame it receives, in order, for exact assertions, and checks
+each against the protocol models (tests/support/wire.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
+
+from tests.support import wire
 
 Event = dict[str, Any]
 _req = itertools.count(1)
@@ -62,6 +65,7 @@ class StockClient:
                     continue
                 self.raw.append(body)
                 if isinstance(body, dict) and "__msgId" in body and "__payload" in body:
+                    wire.check_wrapper(body)
                     assert isinstance(body["__payload"], str), "__payload must be a JSON string"
                     if self.ack:
                         await self.ws.send(json.dumps({"__ack": body["__msgId"]}))
@@ -75,6 +79,7 @@ class StockClient:
             self._changed.set()
 
     def _dispatch(self, ev: Event) -> None:
+        wire.check_frame(ev)
         self.events.append(ev)
         data = ev.get("data") or {}
         if ev.get("category") == "response":

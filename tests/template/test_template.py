@@ -222,6 +222,8 @@ def test_sam_build_ships_the_layer_for_arm64_precompiled(tmp_path: Path) -> None
         assert pyc.is_file(), f"{module} ships without bytecode"
     assert list((layer / "pydantic_core").glob("*.cpython-312-aarch64-linux-gnu.so")), "not built for arm64"
     assert not (layer / "anthropic").exists() and not (layer / "aioboto3").exists()
+    assert not (layer / "agentvm_client").exists()
+    assert not _client_modules(layer), "the layer ships the Python client"
     for resource in FUNCTIONS:
         if resource == WEB_ADAPTER:
             assert os.access(build / resource / "run.sh", os.X_OK)
@@ -233,7 +235,7 @@ def test_sam_build_ships_the_layer_for_arm64_precompiled(tmp_path: Path) -> None
 # ------------------------------------------------------------------------------------------ state
 
 def test_table_matches_table_definition() -> None:
-    from agentvm.adapters.aws.dynamodb_store import TABLE_DEFINITION
+    from agentvm.adapters.aws.dynamodb_table import TABLE_DEFINITION
 
     assert set(TABLE_DEFINITION) == {"AttributeDefinitions", "KeySchema", "GlobalSecondaryIndexes", "TimeToLive"}, (
         "TABLE_DEFINITION grew a key: teach template.yaml and this test about it")
@@ -433,6 +435,22 @@ def test_layer_is_built_from_shared_for_arm64() -> None:
     assert props["ContentUri"].rstrip("/") == "shared"
     assert props["CompatibleRuntimes"] == ["python3.12"]
     assert props["CompatibleArchitectures"] == ["arm64"]
+
+
+def _client_modules(root: Path) -> list[Path]:
+    """Modules under `root` that define the Python client (it lives in client/agentvm_client)."""
+    client = re.compile(r"^class (AgentVMClient|ManagementClient)\b", re.MULTILINE)
+    return [p for p in root.rglob("*.py") if client.search(p.read_text(encoding="utf-8"))]
+
+
+def test_the_layer_source_holds_no_client() -> None:
+    # The layer is shared/agentvm plus shared/requirements.txt (shared/Makefile): the client is elsewhere.
+    shared = ROOT / "shared"
+    assert "cp -R agentvm " in (shared / "Makefile").read_text(encoding="utf-8")
+    assert not (shared / "agentvm_client").exists()
+    assert not _client_modules(shared)
+    assert _client_modules(ROOT / "client" / "agentvm_client")  # the check finds it where it is
+    assert "websockets" not in _layer_requirements()
 
 
 def _layer_requirements() -> dict[str, Requirement]:

@@ -21,15 +21,15 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from agentvm.client import (
+from agentvm_client import (
     AgentVMClient,
     ClientClosed,
     ConnectError,
     ConnectionLost,
     RequestFailed,
     RequestTimeout,
-    _TurnTracker,
 )
+from agentvm_client.turns import _TurnTracker
 from avm.chat import run_chat
 
 Event = dict[str, Any]
@@ -347,7 +347,7 @@ async def test_handlers_sync_async_wildcard_unsubscribe_and_errors(
         client.on("*", lambda e: calls.append(f"*:{e['type']}"))
         remove_calls_back = client.on("tock", calls_back)
         ws = fake.conns[0]
-        with caplog.at_level(logging.ERROR, logger="agentvm.client"):
+        with caplog.at_level(logging.ERROR, logger="agentvm_client"):
             await fake.send(ws, ev("tick", {"n": 1}))
             await fake.send(ws, ev("tock", {"n": 2}), wrap=False)
             await until(lambda: len(calls) == 5)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from websockets.asyncio.server import ServerConnection
 
-from agentvm.client import AgentVMClient, RequestFailed
+from agentvm_client import AgentVMClient, RequestFailed
 from tests.unit.test_client import CTX, Event, FakeAgentX, ev, make_client, until
 
 BLOB_URL = "https://bucket.s3.amazonaws.com/frames/2026/11/22/x.json?X-Amz-Signature=secret"

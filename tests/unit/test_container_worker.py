@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from agentvm.services.session_worker import SessionWorker
+from agentvm.hosting.session_worker import SessionWorker
 from agentvm.worker.container_worker import ContainerWorker, WorkerOptions
 
 

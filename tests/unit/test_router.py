@@ -11,14 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentvm.adapters.local.sqlite_store import SqliteStore
-from agentvm.adapters.local.ws_hub import Connection, LocalHub
+from agentvm.api.ws_hub import Connection, LocalHub
 from agentvm.api.ws_router import CommandRouter
 from agentvm.domain.models import Principal
 from agentvm.drivers.scripted import ScriptedDriver
 from agentvm.engine.runner import EngineOptions
+from agentvm.hosting.local_host import SessionRegistry
+from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.protocol.commands import COMMANDS
-from agentvm.services.bundle import Services
-from agentvm.services.deps import Deps
+from agentvm.services.use_cases import UseCases
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 json_values = st.recursive(scalars,
@@ -44,8 +45,9 @@ def test_every_request_with_a_request_id_gets_exactly_one_response(tmp_path: Pat
         store = SqliteStore(":memory:")
         await store.open()
         hub = LocalHub()
-        services = Services(Deps(store=store, fanout=hub, driver=ScriptedDriver(),
-                                 options=EngineOptions(default_model="scripted", max_tokens=100)))
+        deps = RuntimePorts(store=store, fanout=hub, driver=ScriptedDriver(),
+                            options=EngineOptions(default_model="scripted", max_tokens=100))
+        services = UseCases(deps, SessionRegistry(deps))
         router = CommandRouter(services, hub)
         conn = Connection("conn_t", "local", max_queue=10_000, wrap=False)
         hub.register(conn)

@@ -20,8 +20,8 @@ from typing import IO, Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from agentvm.domain.models import Principal
-from agentvm.services.bundle import Services
 from agentvm.services.session_archive import SessionArchive, encode_archive, parse_archive, too_large
+from agentvm.services.use_cases import UseCases
 
 JSON = dict[str, Any]
 
@@ -61,7 +61,7 @@ def parse_spooled(file: IO[bytes], limit: int) -> JSON:
         return parse_archive(view, max_bytes=limit)
 
 
-def archive_router(services: Callable[[], Services], principal_for: Callable[[Request], Awaitable[Principal]],
+def archive_router(services: Callable[[], UseCases], principal_for: Callable[[Request], Awaitable[Principal]],
                    max_bytes: Callable[[], int], spool_dir: Path | None = None) -> APIRouter:
     """`max_bytes`: where the import limit is read; `spool_dir`: where an import is spooled (None:
     the system's temporary directory)."""
@@ -70,7 +70,7 @@ def archive_router(services: Callable[[], Services], principal_for: Callable[[Re
 
     def archives() -> SessionArchive:
         s = services()
-        return SessionArchive(s.deps, s.images, s.session_center)
+        return SessionArchive(s.deps, s.images, s.image_sessions)
 
     @router.post(IMPORT_PATH.removeprefix("/v1"), status_code=201, openapi_extra=_IMPORT_BODY,
                  summary="Restore a session archive into a container: a new image and session, new ids")

@@ -169,7 +169,7 @@ def chat_router(chat: Callable[[], ChatService],
 
     @router.get("/chat/history", summary="A session's messages and turns")
     async def history(p: Caller, session_id: Annotated[str, Query(min_length=1, max_length=128)]) -> JSON:
-        center = chat().s.session_center
+        center = chat().s.image_sessions
         messages = await center.messages(p, session_id)
         turns = await center.turns(p, session_id)
         return {"session_id": session_id, "messages": [simple_message(m) for m in messages],

@@ -28,9 +28,9 @@ from agentvm.api.search_http import search_router
 from agentvm.api.sessions_http import sessions_router
 from agentvm.domain.models import Principal
 from agentvm.errors import AgentVMError, PayloadTooLarge
-from agentvm.services.bundle import Services
 from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
+from agentvm.services.use_cases import UseCases
 
 if TYPE_CHECKING:
     from agentvm.ports import Store
@@ -51,7 +51,7 @@ class HttpApi:
     # who may read and change the configuration (the deployment's, not a tenant's): admin keys
     admin_for: Callable[[Request], Awaitable[Principal]] | None = None
     # the services over a session host (avm serve): /v1/definitions, /v1/images and /v1/sessions
-    services: Callable[[], Services] | None = None
+    services: Callable[[], UseCases] | None = None
     # the SSE chat API (/api/v1): the services with a feed of session events, and a cheap store read
     # for its health check
     chat: Callable[[], ChatService] | None = None

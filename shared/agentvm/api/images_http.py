@@ -14,7 +14,7 @@ from agentvm.definitions import code_definition, code_definitions
 from agentvm.domain.models import Image, Principal
 from agentvm.errors import InvalidRequest, NotFound
 from agentvm.protocol.commands import ImageConfig
-from agentvm.services.bundle import Services
+from agentvm.services.use_cases import UseCases
 
 JSON = dict[str, Any]
 
@@ -35,7 +35,7 @@ def image_wire(image: Image) -> JSON:
             "sources": cfg.get("sources", {}), "createdAt": image.created_at, "updatedAt": image.updated_at}
 
 
-def images_router(services: Callable[[], Services],
+def images_router(services: Callable[[], UseCases],
                   principal_for: Callable[[Request], Awaitable[Principal]]) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["definitions and images"])
     Caller = Annotated[Principal, Depends(principal_for)]

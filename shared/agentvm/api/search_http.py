@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from agentvm.domain.models import Principal, SearchHit
-from agentvm.services.bundle import Services
 from agentvm.services.session_search import DEFAULT_LIMIT, MAX_LIMIT, MAX_QUERY_CHARS, SessionSearch
+from agentvm.services.use_cases import UseCases
 
 JSON = dict[str, Any]
 
@@ -22,7 +22,7 @@ def hit_wire(hit: SearchHit) -> JSON:
             "subtype": hit.subtype, "timestamp": hit.timestamp, "snippet": hit.snippet}
 
 
-def search_router(services: Callable[[], Services],
+def search_router(services: Callable[[], UseCases],
                   principal_for: Callable[[Request], Awaitable[Principal]]) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["sessions"])
     Caller = Annotated[Principal, Depends(principal_for)]

@@ -17,8 +17,8 @@ from agentvm.domain.models import Image, Principal, Session, Turn
 from agentvm.ids import MAX_EPOCH_MS
 from agentvm.protocol.commands import content_not_empty
 from agentvm.protocol.messages import UserContent, content_wire
-from agentvm.services.bundle import Services
-from agentvm.services.session_center import MAX_TITLE_CHARS
+from agentvm.services.image_sessions import MAX_TITLE_CHARS
+from agentvm.services.use_cases import UseCases
 
 JSON = dict[str, Any]
 
@@ -60,7 +60,7 @@ def turn_wire(turn: Turn) -> JSON:
             "createdAt": turn.created_at, "startedAt": turn.started_at, "endedAt": turn.ended_at}
 
 
-def sessions_router(services: Callable[[], Services],
+def sessions_router(services: Callable[[], UseCases],
                     principal_for: Callable[[Request], Awaitable[Principal]]) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["sessions"])
     Caller = Annotated[Principal, Depends(principal_for)]
@@ -69,37 +69,37 @@ def sessions_router(services: Callable[[], Services],
                  summary="A new session of an image: a conversation with the image as it was built")
     async def create(image_id: str, p: Caller, body: NewSession | None = None) -> JSON:
         s = services()
-        session = await s.session_center.create(p, image_id, body.title if body else None)
+        session = await s.image_sessions.create(p, image_id, body.title if body else None)
         return session_wire(session, await s.images.require(p, image_id))
 
     @router.get("/images/{image_id}/sessions", summary="The sessions of an image, oldest (the primary) first")
     async def of_image(image_id: str, p: Caller) -> JSON:
         s = services()
         image = await s.images.require(p, image_id)
-        return {"items": [session_wire(x, image) for x in await s.session_center.of_image(p, image_id)]}
+        return {"items": [session_wire(x, image) for x in await s.image_sessions.of_image(p, image_id)]}
 
     @router.get("/sessions/{session_id}", summary="One session, with the image (and pins) it runs with")
     async def get(session_id: str, p: Caller) -> JSON:
-        session, image = await services().session_center.with_image(p, session_id)
+        session, image = await services().image_sessions.with_image(p, session_id)
         primary = await services().images.require(p, image.image_id)
         return {**session_wire(session, primary), "image": image_wire(primary)}
 
     @router.delete("/sessions/{session_id}", status_code=204,
                    summary="Delete a session with its history (the primary one goes with its image)")
     async def delete(session_id: str, p: Caller) -> Response:
-        await services().session_center.delete(p, session_id)
+        await services().image_sessions.delete(p, session_id)
         return Response(status_code=204)
 
     @router.get("/sessions/{session_id}/messages", summary="The session's conversation, oldest first")
     async def messages(session_id: str, p: Caller) -> JSON:
-        history = await services().session_center.messages(p, session_id)
+        history = await services().image_sessions.messages(p, session_id)
         return {"items": [m.body for m in history]}
 
     @router.post("/sessions/{session_id}/messages", status_code=202,
                  summary="Store a user message and queue its turn (durable once answered)")
     async def send(session_id: str, body: NewMessage, p: Caller) -> JSON:
         s = services()
-        session = await s.session_center.get(p, session_id)
+        session = await s.image_sessions.get(p, session_id)
         image, agent, turn = await s.turns.send(p, None, session.image_id, None, content_wire(body.content),
                                                 session_id)
         return {"sessionId": image.session_id, "imageId": image.image_id, "agentId": agent.agent_id,
@@ -107,7 +107,7 @@ def sessions_router(services: Callable[[], Services],
 
     @router.get("/sessions/{session_id}/turns", summary="The session's turns: status, tier, usage, cost, error")
     async def turns(session_id: str, p: Caller) -> JSON:
-        return {"items": [turn_wire(t) for t in await services().session_center.turns(p, session_id)]}
+        return {"items": [turn_wire(t) for t in await services().image_sessions.turns(p, session_id)]}
 
     @router.get("/turns", summary="The caller's turn log: finished turns, newest first")
     async def turn_log(p: Caller,

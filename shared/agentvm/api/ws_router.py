@@ -21,7 +21,7 @@ from agentvm.protocol.envelope import classify, encode, event, response
 from agentvm.protocol.events import SystemError
 from agentvm.protocol.messages import content_wire
 from agentvm.protocol.refused import refused_request
-from agentvm.services.bundle import Services
+from agentvm.services.use_cases import UseCases
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def validation_message(where: str, exc: ValidationError) -> tuple[str, str]:
 
 
 class CommandRouter:
-    def __init__(self, services: Services, fanout: Fanout) -> None:
+    def __init__(self, services: UseCases, fanout: Fanout) -> None:
         self.s = services
         self.fanout = fanout
         self._handlers: dict[str, Handler] = {
@@ -237,8 +237,8 @@ class CommandRouter:
         return cmd.ImageDeleteResponse(request_id=r.request_id, image_id=r.image_id)
 
     async def _image_messages(self, p: Principal, conn: str, r: cmd.ImageMessagesRequest) -> cmd.ResponseData:
-        image = await self.s.session_center.view(p, await self.s.images.require(p, r.image_id), r.session_id)
-        history = await self.s.session_center.history(image)
+        image = await self.s.image_sessions.view(p, await self.s.images.require(p, r.image_id), r.session_id)
+        history = await self.s.image_sessions.history(image)
         out = cmd.ImageMessagesResponse(request_id=r.request_id, image_id=r.image_id,
                                         messages=[m.body for m in history])
         if r.session_id is not None:

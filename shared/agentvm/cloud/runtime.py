@@ -43,11 +43,11 @@ if TYPE_CHECKING:
     from agentvm.adapters.aws.ecs_tasks import EcsContainerTier
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
+    from agentvm.hosting.runtime_ports import RuntimePorts
+    from agentvm.hosting.session_worker import SessionWorker
     from agentvm.services.billing import BillingService
     from agentvm.services.config import ConfigService
-    from agentvm.services.deps import Deps
     from agentvm.services.metering import Meter
-    from agentvm.services.session_worker import SessionWorker
 
 T = TypeVar("T")
 
@@ -95,7 +95,7 @@ class Invocation:
 
     owner: str
     fanout: CloudFanout
-    deps: Deps
+    deps: RuntimePorts
 
 
 class CloudRuntime:
@@ -227,7 +227,7 @@ class CloudRuntime:
         # imported here: $connect and $disconnect never load the engine (ws_default and chat_turn
         # load it at init through their own imports)
         from agentvm.adapters.aws.cloud_fanout import CloudFanout
-        from agentvm.services.deps import Deps
+        from agentvm.hosting.runtime_ports import RuntimePorts
 
         store = self.store
 
@@ -242,20 +242,20 @@ class CloudRuntime:
                              head_source=head)
         if workspaces is not None:
             sandbox = self._sandbox_tools(workspaces)
-            deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver, tier="container"),
-                        tools=sandbox, sandbox_tools=sandbox)
+            deps = RuntimePorts(store=store, fanout=fanout, driver=driver,
+                                options=self.options(driver, tier="container"), tools=sandbox, sandbox_tools=sandbox)
         elif driver is not None:
             from agentvm.tools.catalog import ToolCatalog
 
             # without a container tier images get no sandbox tools (docs/cloud-design.md); tools that
             # need none (knowledge_search) run here either way
             tier = self.container_tier
-            deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver),
-                        tools=ToolCatalog(store=store, sandbox=tier is not None,
-                                          http_allow_private=self.settings.http_tools_allow_private),
-                        container_tier=tier)
+            deps = RuntimePorts(store=store, fanout=fanout, driver=driver, options=self.options(driver),
+                                tools=ToolCatalog(store=store, sandbox=tier is not None,
+                                                  http_allow_private=self.settings.http_tools_allow_private),
+                                container_tier=tier)
         else:
-            deps = Deps(store=store, fanout=fanout, driver=driver, options=self.options(driver))
+            deps = RuntimePorts(store=store, fanout=fanout, driver=driver, options=self.options(driver))
         if driver is not None:
             deps.turn_options = self.config  # each turn takes the current configuration
             deps.meter = self.meter
@@ -311,15 +311,15 @@ class CloudRuntime:
         """`ws_default`: the AgentX command router over the services, sessions hosted by lease.
         (Imported here for the same reason as in `invocation`.)"""
         from agentvm.api.ws_router import CommandRouter
-        from agentvm.services.bundle import Services
-        from agentvm.services.leased_sessions import LeasedSessions
+        from agentvm.hosting.leased_host import LeasedSessions
+        from agentvm.services.use_cases import UseCases
 
         sessions = LeasedSessions(invocation.deps, fanout=invocation.fanout, leases=self.leases,
                                   dispatcher=self.dispatcher, owner=invocation.owner)
-        return CommandRouter(Services(invocation.deps, sessions), invocation.fanout)
+        return CommandRouter(UseCases(invocation.deps, sessions), invocation.fanout)
 
     def worker(self, invocation: Invocation) -> SessionWorker:
-        from agentvm.services.session_worker import SessionWorker
+        from agentvm.hosting.session_worker import SessionWorker
 
         return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner)
 

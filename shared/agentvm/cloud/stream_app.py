@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Self
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentvm.auth.api_keys import http_token, require_operator
 from agentvm.domain.models import Principal
 from agentvm.errors import NotConfigured
 
@@ -32,13 +31,14 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from agentvm.adapters.aws.cloud_fanout import CloudFanout
+    from agentvm.auth.api_keys import Authenticator
     from agentvm.cloud.runtime import CloudRuntime, Invocation
     from agentvm.domain.models import ConnectionRecord
     from agentvm.ports import EventSource
-    from agentvm.services.bundle import Services
     from agentvm.services.chat import ChatService
     from agentvm.services.config import ConfigService
     from agentvm.services.resources import ResourceService
+    from agentvm.services.use_cases import UseCases
 
 log = logging.getLogger("agentvm.chat_stream")
 
@@ -136,7 +136,7 @@ class InlineDispatcher:
         self.tasks: set[asyncio.Task[Any]] = set()
 
     async def start_turns(self, tenant_id: str, session_id: str) -> None:
-        from agentvm.services.session_worker import SessionWorker
+        from agentvm.hosting.session_worker import SessionWorker
 
         worker = SessionWorker(self.inv.deps, fanout=self.tee, leases=self.rt.leases, owner=self.inv.owner)
         task = asyncio.get_running_loop().create_task(worker.run(tenant_id, session_id),
@@ -224,11 +224,11 @@ class _RequestScope:
     inv: Invocation | None = None
     tee: TeeFanout = field(init=False)
     inline: InlineDispatcher | None = None
-    services: Services | None = None
+    services: UseCases | None = None
 
     async def build(self, p: Principal) -> None:
-        from agentvm.services.bundle import Services
-        from agentvm.services.leased_sessions import LeasedSessions
+        from agentvm.hosting.leased_host import LeasedSessions
+        from agentvm.services.use_cases import UseCases
 
         self.principal = p
         inv = self.rt.invocation(p.tenant_id, role="chat_stream", driver=await self.rt.driver())
@@ -238,7 +238,7 @@ class _RequestScope:
         self.inline = InlineDispatcher(self.rt, inv, self.tee)
         sessions = LeasedSessions(inv.deps, fanout=self.tee, leases=self.rt.leases, dispatcher=self.inline,
                                   owner=inv.owner)
-        self.services = Services(inv.deps, sessions)
+        self.services = UseCases(inv.deps, sessions)
 
     async def close(self) -> None:
         if self.inline is not None:
@@ -281,27 +281,27 @@ class RequestScopes:
 def create_stream_app(runtime: Any = None) -> FastAPI:
     """The application of `chat_stream`; `runtime`: the environment's CloudRuntime factory."""
     from agentvm.api.http_app import HttpApi, create_app
+    from agentvm.api.http_callers import HttpCallers
     from agentvm.cloud import runtime as cloud_runtime
     from agentvm.services.chat import ChatService
-    from agentvm.services.keys import Caller, KeyService
+    from agentvm.services.keys import KeyService
     from agentvm.services.resources import ResourceService
 
     get_runtime = runtime or cloud_runtime.runtime
 
+    async def authenticator() -> Authenticator:
+        return _scope().rt.authenticator
+
+    callers = HttpCallers(authenticator)
+
     async def principal_for(request: Request) -> Principal:
+        p = await callers.principal(request)
         scope = _scope()
-        p = await scope.rt.authenticator.authenticate(http_token(request.headers))
         if scope.principal is None:
             await scope.build(p)
         return p
 
-    async def admin_for(request: Request) -> Principal:
-        scope = _scope()
-        key = await scope.rt.authenticator.authenticate_key(http_token(request.headers))
-        require_operator(key)
-        return Principal(key.tenant_id, key.key_id)
-
-    def services() -> Services:
+    def services() -> UseCases:
         built = _scope().services
         if built is None:
             raise RuntimeError("the request's caller is not known yet")
@@ -326,17 +326,13 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
     async def probe() -> object:
         return await _scope().rt.store.last_seq("health", "health")
 
-    async def key_caller(request: Request) -> Caller:
-        key = await _scope().rt.authenticator.authenticate_key(http_token(request.headers))
-        return Caller(key.tenant_id, admin="admin" in key.scopes, key_id=key.key_id)
-
     def keys() -> KeyService:
         rt = _scope().rt
         return KeyService(rt.key_store, rt.authenticator)
 
     app = create_app(api=HttpApi(resources=resources, principal_for=principal_for, config=config,
-                                 admin_for=admin_for, services=services, chat=chat, probe=probe, keys=keys,
-                                 key_caller=key_caller, billing=lambda: _scope().rt.billing,
+                                 admin_for=callers.admin, services=services, chat=chat, probe=probe, keys=keys,
+                                 key_caller=callers.key_caller, billing=lambda: _scope().rt.billing,
                                  turn_log=lambda: _scope().rt.store))
     app.add_middleware(RequestScopes, runtime=get_runtime)
     return app

@@ -49,6 +49,7 @@ from agentvm.errors import AgentVMError, UpstreamError
 from agentvm.ids import message_id, now_ms
 from agentvm.money import DEFAULT_MARKUP, Cost, ModelPrice, cost_of, money_text
 from agentvm.ports import CallMeter, Driver, Store, ToolRunner
+from agentvm.protocol import events as wire
 from agentvm.protocol import messages as msgs
 
 log = logging.getLogger(__name__)
@@ -208,13 +209,13 @@ class TurnRunner:
                 turn.status = TurnStatus.INTERRUPTED
             else:
                 turn.status = TurnStatus.COMPLETED
-            self.channel.publish("conversation_end", {"reason": end_reason})
+            self.channel.publish("conversation_end", wire.conversation_end(end_reason))
         except asyncio.CancelledError:
             # The server is shutting down: record what stands, then let the cancellation go on.
             self._close_message(msg, interrupted=True)
             turn.status = TurnStatus.INTERRUPTED
             turn.error_code, turn.error_message = "shutdown", "The server stopped during this turn."
-            self.channel.publish("conversation_end", {"reason": "interrupted"})
+            self.channel.publish("conversation_end", wire.conversation_end("interrupted"))
             self._count(msg)
             await self._finish(turn, msg)
             raise
@@ -388,7 +389,7 @@ class TurnRunner:
     async def _run_tools(self, calls: list[_Call]) -> list[JSON] | None:
         results: list[JSON] = []
         for call in calls:
-            self.channel.publish("tool_executing", {"toolId": call.id, "toolName": call.name, "input": call.input})
+            self.channel.publish("tool_executing", wire.tool_executing(call.id, call.name, call.input))
             outcome = call.result
             if outcome is None:
                 ran = await self._child_task(self._run_tool(call))
@@ -396,8 +397,7 @@ class TurnRunner:
                     return None
                 outcome = ran
             outcome = fit_result(outcome, self.options.max_result_bytes)
-            self.channel.publish("tool_result", {"toolCallId": call.id, "result": outcome.output,
-                                                 "isError": outcome.is_error})
+            self.channel.publish("tool_result", wire.tool_result(call.id, outcome.output, outcome.is_error))
             body = msgs.tool_result_message(message_id(), call.id, call.name, outcome.output, outcome.is_error,
                                             now_ms())
             self._keep(body)
@@ -433,11 +433,11 @@ class TurnRunner:
             # What the user already saw stays in the history; no event, as in the reference.
             self._keep(msgs.assistant_message(msg.message_id, partial, msg.started_at))
         ch = self.channel
-        ch.publish("error_received", {"message": text, "errorCode": code})
+        ch.publish("error_received", wire.error_received(text, code))
         body = msgs.error_message(message_id(), text, code, now_ms())
         self._keep(body)
         ch.publish("error_message", body)
-        ch.publish("error_occurred", {"code": code, "message": text, "recoverable": True})
+        ch.publish("error_occurred", wire.error_occurred(code, text))
         turn.status = TurnStatus.FAILED
         turn.error_code, turn.error_message = code, text
 
@@ -449,10 +449,10 @@ class TurnRunner:
         duration = turn.ended_at - (turn.started_at or turn.ended_at)  # across tiers for an escalated turn
         if self.meter is not None and self.options.tier == "container":  # recorded before the client hears
             await self.meter.sandbox(turn, started_at=self._started_here)
-        self.channel.publish("turn_response", {
-            "turnId": turn.turn_id, "messageId": msg.message_id, "durationMs": duration,
-            "usage": usage.to_wire(), "cost": cost.to_wire(), "model": turn.model, "tier": turn.tier,
-            "stopReason": msg.stop_reason, "status": str(turn.status), "timestamp": turn.ended_at})
+        self.channel.publish("turn_response", wire.turn_response(
+            turn_id=turn.turn_id, message_id=msg.message_id, duration_ms=duration, usage=usage.to_wire(),
+            cost=cost.to_wire(), model=turn.model, tier=turn.tier, stop_reason=msg.stop_reason,
+            status=str(turn.status), timestamp=turn.ended_at))
         await self._checkpoint(turn)
         if self.observer is not None:
             self.observer(turn, turn.first_token_ms)

@@ -4,14 +4,16 @@ interrupts its turn and announces `session_destroyed` and `agent_unregistered`."
 from __future__ import annotations
 
 from agentvm.domain.models import Agent, Image, Principal
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_events import AGENT_STOPPED_TEXT
+from agentvm.hosting.session_host import SessionHost, session_views
 from agentvm.ids import agent_id, now_ms
+from agentvm.protocol import events as wire
 from agentvm.protocol.envelope import encode, event
-from agentvm.services.deps import Deps
-from agentvm.services.session_host import SessionHost, session_views
 
 
 class AgentService:
-    def __init__(self, deps: Deps, sessions: SessionHost) -> None:
+    def __init__(self, deps: RuntimePorts, sessions: SessionHost) -> None:
         self.deps = deps
         self.sessions = sessions
 
@@ -27,9 +29,7 @@ class AgentService:
         created = agent.agent_id == wanted.agent_id
         if created:
             self.deps.fanout.to_container(p.tenant_id, agent.container_id, encode(event(
-                "agent_registered",
-                {"containerId": agent.container_id, "agentId": agent.agent_id, "definitionName": image.name,
-                 "registeredAt": ts},
+                "agent_registered", wire.agent_registered(agent.container_id, agent.agent_id, image.name, ts),
                 {"containerId": agent.container_id, "agentId": agent.agent_id})))
         self.sessions.set_agent(image.session_id, agent.agent_id)
         return agent, created
@@ -40,9 +40,9 @@ class AgentService:
             return False
         if image is not None:
             for session in await session_views(store, image):
-                await self.sessions.stop(session, agent.agent_id, reason="The agent was stopped.")
+                await self.sessions.stop(session, agent.agent_id, reason=AGENT_STOPPED_TEXT)
         self.deps.fanout.to_container(p.tenant_id, agent.container_id, encode(event(
-            "agent_unregistered", {"containerId": agent.container_id, "agentId": agent.agent_id},
+            "agent_unregistered", wire.agent_unregistered(agent.container_id, agent.agent_id),
             {"containerId": agent.container_id, "agentId": agent.agent_id})))
         return True
 

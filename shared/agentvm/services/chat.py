@@ -31,7 +31,7 @@ from agentvm.domain.models import TERMINAL_TURN_STATUSES, Image, Principal, Turn
 from agentvm.domain.resource_uri import is_resource_uri
 from agentvm.errors import InvalidRequest, NotFound
 from agentvm.protocol.commands import ImageConfig
-from agentvm.services.bundle import Services
+from agentvm.services.use_cases import UseCases
 
 JSON = dict[str, Any]
 DEFAULT_CONTAINER = "default"
@@ -137,7 +137,7 @@ class ChatTurn:
 
 
 class ChatService:
-    def __init__(self, services: Services, feeds: Feeds) -> None:
+    def __init__(self, services: UseCases, feeds: Feeds) -> None:
         self.s = services
         self.feeds = feeds
 
@@ -146,7 +146,7 @@ class ChatService:
         """Store the message on the session (a new one built from `agent_type` when None) and return
         the turn to follow. The feed is following before the message is sent: nothing is missed."""
         if session_id is not None:
-            _session, image = await self.s.session_center.with_image(p, session_id)
+            _session, image = await self.s.image_sessions.with_image(p, session_id)
         else:
             if not agent_type:
                 raise InvalidRequest("agent_type: required without a session_id (see GET /api/v1/agents)",
@@ -175,7 +175,7 @@ class ChatService:
     async def resume(self, p: Principal, session_id: str, after_seq: int) -> ChatTurn | None:
         """Follow the session's latest turn again from `after_seq` (a reconnect with Last-Event-ID);
         None when the session has no turn."""
-        _session, image = await self.s.session_center.with_image(p, session_id)
+        _session, image = await self.s.image_sessions.with_image(p, session_id)
         turns = await self.s.deps.store.list_turns(p.tenant_id, session_id)
         if not turns:
             return None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from agentvm.domain.models import Container, Principal
+from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import now_ms
+from agentvm.protocol import events as wire
 from agentvm.protocol.envelope import encode, event
-from agentvm.services.deps import Deps
 
 
 class ContainerService:
-    def __init__(self, deps: Deps) -> None:
+    def __init__(self, deps: RuntimePorts) -> None:
         self.deps = deps
 
     async def ensure(self, p: Principal, container_id: str) -> Container:
@@ -18,7 +19,7 @@ class ContainerService:
         container = Container(p.tenant_id, container_id, ts, ts)
         if await self.deps.store.create_container(container):
             self.deps.fanout.to_container(p.tenant_id, container_id, encode(event(
-                "container_created", {"containerId": container_id, "createdAt": ts},
+                "container_created", wire.container_created(container_id, ts),
                 {"containerId": container_id})))
             return container
         found = await self.deps.store.get_container(p.tenant_id, container_id)

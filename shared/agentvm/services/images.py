@@ -7,13 +7,13 @@ from typing import Any
 
 from agentvm.domain.models import Agent, Image, Principal, Session
 from agentvm.errors import InvalidRequest, NotFound, SandboxUnavailable
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_host import SessionHost, session_views
 from agentvm.ids import image_id, now_ms, session_id
 from agentvm.protocol.commands import ImageConfig, ImageListItem
 from agentvm.services.agents import AgentService
 from agentvm.services.containers import ContainerService
-from agentvm.services.deps import Deps
 from agentvm.services.image_builder import ImageBuilder
-from agentvm.services.session_host import SessionHost, session_views
 from agentvm.tools.mcp import parse_mcp_servers
 
 DEFAULT_IMAGE_NAME = "New Conversation"
@@ -39,7 +39,7 @@ def sandbox_tools_of(config: Mapping[str, Any]) -> list[str]:
     return names + [f"MCP server '{name}'" for name, cfg in servers.items() if cfg.needs_sandbox]
 
 
-def require_sandbox(deps: Deps, config: Mapping[str, Any], *, field: str | None = None) -> None:
+def require_sandbox(deps: RuntimePorts, config: Mapping[str, Any], *, field: str | None = None) -> None:
     """Refuse an image with sandbox tools where this host has no isolating sandbox (fail closed)."""
     refusal = deps.sandbox_refusal() if deps.sandbox_refusal is not None else None
     if refusal is None:
@@ -53,7 +53,7 @@ def require_sandbox(deps: Deps, config: Mapping[str, Any], *, field: str | None 
 
 
 class ImageService:
-    def __init__(self, deps: Deps, sessions: SessionHost, containers: ContainerService,
+    def __init__(self, deps: RuntimePorts, sessions: SessionHost, containers: ContainerService,
                  agents: AgentService, builder: ImageBuilder) -> None:
         self.deps = deps
         self.builder = builder

@@ -1,7 +1,7 @@
 """Turn metrics of this process, kept in memory: per tenant for `/v1/metrics`, and for the operator's
 `/metrics` (the Prometheus text exposition format, written here: no client library at run time).
 
-`TurnMetrics.observe_turn` is the runtime's `Deps.turn_observer`: the engine calls it once at the end
+`TurnMetrics.observe_turn` is the runtime's `RuntimePorts.turn_observer`: the engine calls it once at the end
 of every turn. Everything is bounded whatever the number of turns and tenants:
 
 * per tenant: counters since the process started, one slot of counters per minute for the last
@@ -255,7 +255,7 @@ class TurnMetrics:
     # ---- writing -------------------------------------------------------------------------------
 
     def observe_turn(self, turn: Turn, first_delta_ms: int | None) -> None:
-        """Count a turn that ended (the `Deps.turn_observer`)."""
+        """Count a turn that ended (the `RuntimePorts.turn_observer`)."""
         now = self._clock()
         t = self._tenants.get(turn.tenant_id)
         if t is None:

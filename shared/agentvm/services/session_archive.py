@@ -49,11 +49,11 @@ from agentvm.domain.config_secrets import missing_secrets, redact_config
 from agentvm.domain.models import Checkpoint, Image, Principal, Session, StoredMessage, Turn, TurnStatus, Usage
 from agentvm.engine.context import conversation_order
 from agentvm.errors import AgentVMError, InvalidRequest
+from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import image_id, now_ms, session_id, turn_id
 from agentvm.money import money_text
-from agentvm.services.deps import Deps
+from agentvm.services.image_sessions import MAX_TITLE_CHARS, ImageSessions
 from agentvm.services.images import ImageService
-from agentvm.services.session_center import MAX_TITLE_CHARS, SessionCenter
 
 log = logging.getLogger(__name__)
 
@@ -402,7 +402,7 @@ def _turn_entry(turn: Turn, ref: str) -> JSON:
 
 
 class SessionArchive:
-    def __init__(self, deps: Deps, images: ImageService, center: SessionCenter) -> None:
+    def __init__(self, deps: RuntimePorts, images: ImageService, center: ImageSessions) -> None:
         self.deps = deps
         self.images = images
         self.center = center

@@ -7,16 +7,16 @@ from typing import Any
 from agentvm.domain.config_secrets import missing_secrets, missing_secrets_message
 from agentvm.domain.models import Agent, Image, Principal, Turn
 from agentvm.errors import InvalidRequest, NotFound, SecretsMissing
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_host import SessionHost
 from agentvm.services.agents import AgentService
-from agentvm.services.deps import Deps
+from agentvm.services.image_sessions import ImageSessions
 from agentvm.services.images import ImageService, require_sandbox
-from agentvm.services.session_center import SessionCenter
-from agentvm.services.session_host import SessionHost
 
 
 class TurnService:
-    def __init__(self, deps: Deps, sessions: SessionHost, images: ImageService, agents: AgentService,
-                 center: SessionCenter) -> None:
+    def __init__(self, deps: RuntimePorts, sessions: SessionHost, images: ImageService, agents: AgentService,
+                 center: ImageSessions) -> None:
         self.deps = deps
         self.sessions = sessions
         self.images = images

@@ -1,7 +1,7 @@
 """The function tier's tools: what the model may call, without a sandbox to run it in.
 
 * Built-in tools: their static schemas, marked as needing a sandbox, so a call of one escalates the
-  turn (agentvm/services/turn_scheduler.py).
+  turn (agentvm/hosting/turn_scheduler.py).
 * Remote MCP servers (streamable HTTP, SSE), HTTP tools and `knowledge_search`: run here, in place.
 * Stdio MCP servers run in the container; their tool list is known once the container tier has
   listed them (`StdioSchemas`, filled by `WorkspaceTools`). Until then, and where this runtime keeps

@@ -31,7 +31,7 @@ from agentvm.logs import setup_logging
 from agentvm.ports import Driver
 
 if TYPE_CHECKING:
-    from agentvm.services.session_worker import SessionWorker
+    from agentvm.hosting.session_worker import SessionWorker
     from agentvm.worker.container_worker import ContainerWorker
 
 log = logging.getLogger("agentvm.worker")
@@ -88,7 +88,7 @@ def container_worker(rt: CloudRuntime, tenant_id: str, container_id: str, task_i
                      workspaces: Path) -> ContainerWorker:
     """The container task's worker for one container, over the cloud runtime's clients."""
     from agentvm.adapters.aws.ecs_tasks import ContainerTaskRecord
-    from agentvm.services.session_worker import SessionWorker
+    from agentvm.hosting.session_worker import SessionWorker
     from agentvm.worker.container_worker import ContainerWorker, WorkerOptions
 
     s = rt.settings

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from agentvm.services.session_worker import SessionWorker
+from agentvm.hosting.session_worker import SessionWorker
 
 if TYPE_CHECKING:
     from agentvm.ports import Disk

@@ -32,7 +32,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from agentvm.adapters.aws.dynamodb_store import TTL_ATTRIBUTE, DynamoDBStore, _k, _n, _s
+from agentvm.adapters.aws.dynamodb_items import TTL_ATTRIBUTE, _k, _n, _s
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.domain.models import ConnectionRecord, Subscription
 
 CONNECTION_TTL_S = 2 * 3600 + 600

@@ -17,19 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from agentvm.adapters.aws.dynamodb_store import (
-    GSI_TENANT,
-    DynamoDBStore,
-    _conditional_failed,
-    _int,
-    _k,
-    _n,
-    _opt_int,
-    _opt_s,
-    _put_opt,
-    _s,
-    _ts,
-)
+from agentvm.adapters.aws.dynamodb_items import _conditional_failed, _int, _k, _n, _opt_int, _opt_s, _put_opt, _s, _ts
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
+from agentvm.adapters.aws.dynamodb_table import GSI_TENANT
 from agentvm.domain.models import ApiKey
 from agentvm.errors import Conflict
 

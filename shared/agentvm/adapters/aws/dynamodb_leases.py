@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from agentvm.adapters.aws.dynamodb_store import (
-    DynamoDBStore,
+from agentvm.adapters.aws.dynamodb_items import (
     Item,
     _conditional_failed,
     _evlog_keys,
@@ -30,6 +29,7 @@ from agentvm.adapters.aws.dynamodb_store import (
     _session_pk,
     _turn,
 )
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.domain.models import LeaseState, Turn
 
 _STATE = "lease_owner, lease_until, queued, announce, pending_subs, interrupts, interrupts_seen"

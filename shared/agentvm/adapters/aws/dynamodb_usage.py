@@ -63,12 +63,9 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from botocore.exceptions import ClientError
 
-from agentvm.adapters.aws.dynamodb_store import (
-    GSI_CONTAINER,
-    GSI_TENANT,
+from agentvm.adapters.aws.dynamodb_items import (
     SHARDS,
     TTL_ATTRIBUTE,
-    DynamoDBStore,
     Item,
     _conditional_failed,
     _error_code,
@@ -84,6 +81,8 @@ from agentvm.adapters.aws.dynamodb_store import (
     _shard,
     _ts,
 )
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
+from agentvm.adapters.aws.dynamodb_table import GSI_CONTAINER, GSI_TENANT
 from agentvm.domain.models import Usage
 from agentvm.domain.usage import Budget, Spend, UsageRecord, precheck_hold, settle_deltas
 

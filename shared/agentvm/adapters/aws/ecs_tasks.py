@@ -61,7 +61,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from agentvm.adapters.aws.dynamodb_store import DynamoDBStore, Item, _conditional_failed, _k, _key, _n, _s
+from agentvm.adapters.aws.dynamodb_items import Item, _conditional_failed, _k, _key, _n, _s
+from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.tenant_scope import check_scopable
 from agentvm.errors import AgentVMError
 

@@ -53,7 +53,7 @@ SCOPABLE_TENANT = re.compile(r"[A-Za-z0-9_.:=+@-]{1,128}")
 TABLE_PREFIXES: Final = ("SESS", "IMG", "CONT", "CTASK", "SRCH", "SUBS", "WATCH", "USAGE", "BUDGET", "SPEND",
                          "RATE", "RES", "RESNAME")
 EXACT_PREFIXES: Final = ("BUDGET", "SPEND", "RATE")
-#: Index partition-key prefixes the worker queries, per index (docs in dynamodb_store.py).
+#: Index partition-key prefixes the worker queries, per index (docs in dynamodb_table.py).
 INDEX_PREFIXES: Final = {"GSI1": ("TENANT",), "GSI2": ("CONT",), "GSI3": ("AGENT", "TURN")}
 #: Credential variables of the task (ECS, or a developer's shell) that no child may inherit.
 CREDENTIAL_VARIABLES: Final = (

@@ -2,7 +2,7 @@
 
 A turn starts in the function tier. When the model calls a tool that needs a sandbox, the runner
 stores everything up to that call (`TurnRunner.escalated`) and the turn goes on in the container tier:
-here, in this process, when the runtime hosts sandboxes (`avm serve`: `Deps.sandbox_tools`), or by
+here, in this process, when the runtime hosts sandboxes (`avm serve`: `RuntimePorts.sandbox_tools`), or by
 starting the container's task (the cloud: the `ContainerTier` port; the worker resumes the turn from
 the store under the session's lease). An image whose tools are known only inside its container
 (`ContainerOnly`) starts in the container tier. Either way the turn keeps one gap-free seq order: the
@@ -20,9 +20,9 @@ from agentvm.engine.history import SessionHistory
 from agentvm.engine.runner import EngineOptions, TurnRunner
 from agentvm.engine.tools import ContainerOnly
 from agentvm.errors import AgentVMError, ContainerUnavailable
+from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import now_ms
 from agentvm.ports import ToolRunner
-from agentvm.services.deps import Deps
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class ScheduledTurn:
     """One turn through the tiers; `interrupt` reaches whichever runner is current."""
 
-    def __init__(self, deps: Deps, channel: SessionChannel, history: SessionHistory) -> None:
+    def __init__(self, deps: RuntimePorts, channel: SessionChannel, history: SessionHistory) -> None:
         self.deps = deps
         self.channel = channel
         self.history = history

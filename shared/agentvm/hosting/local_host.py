@@ -10,22 +10,17 @@ from typing import Any
 from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Principal, Turn
 from agentvm.engine.channel import SessionChannel
 from agentvm.errors import NotFound
-from agentvm.services.deps import Deps
-from agentvm.services.session_actor import SessionActor
-from agentvm.services.user_turns import announce, new_user_turn
+from agentvm.hosting import session_events
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_actor import SessionActor
+from agentvm.hosting.session_events import announce, session_context
+from agentvm.hosting.user_turns import new_user_turn
 
 log = logging.getLogger(__name__)
 
 
-def session_context(image: Image, agent_id: str | None) -> dict[str, str]:
-    ctx = {"containerId": image.container_id, "imageId": image.image_id, "sessionId": image.session_id}
-    if agent_id:
-        ctx["agentId"] = agent_id
-    return ctx
-
-
 class SessionRegistry:
-    def __init__(self, deps: Deps, *, idle_evict_s: float = 300.0) -> None:
+    def __init__(self, deps: RuntimePorts, *, idle_evict_s: float = 300.0) -> None:
         self.deps = deps
         self.idle_evict_s = idle_evict_s
         self._actors: dict[str, SessionActor] = {}
@@ -87,21 +82,20 @@ class SessionRegistry:
             actor.history.extend([new.message])
             announce(actor.channel, new.message, sender=connection_id)
             if actor.submit(new.turn):
-                actor.channel.publish("conversation_queued", {"messageId": new.message.message_id})
+                session_events.queued(actor.channel, new.message.message_id)
         return new.turn
 
     async def interrupt(self, image: Image, agent_id: str) -> None:
         actor = self._actors.get(image.session_id)
         if actor is not None and actor.interrupt():
-            actor.channel.publish("interrupted", {"agentId": agent_id, "containerId": image.container_id})
+            session_events.interrupted(actor.channel, agent_id, image.container_id)
 
     async def stop(self, image: Image, agent_id: str, *, reason: str) -> None:
         """The agent was destroyed: end its turn, drop queued ones, announce `session_destroyed`."""
         actor = await self.actor_for(image, None)
         await actor.stop(reason=reason)
         actor.channel.context["agentId"] = agent_id
-        actor.channel.publish("session_destroyed", {"sessionId": image.session_id, "agentId": agent_id,
-                                                    "containerId": image.container_id})
+        session_events.session_destroyed(actor.channel, image, agent_id)
         await actor.flush()
 
     async def subscribe(self, tenant_id: str, connection_id: str, session_id: str, after_seq: int | None) -> None:

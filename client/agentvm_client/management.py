@@ -12,11 +12,11 @@ An image may have several sessions; each runs with the image exactly as it was b
 ```python
     session = await avm.sessions.create(image["imageId"], title="Second try")
     async with await session.resume() as chat:     # the conversation, over the WebSocket
-        result = await chat.send("Hello again")    # an agentvm.client.TurnResult
+        result = await chat.send("Hello again")    # an agentvm_client.TurnResult
 ```
 
 Errors raise `ManagementError` with the server's code, message and field. Streaming a conversation
-is the WebSocket client's (`agentvm.client.AgentVMClient`); `Session.resume()` opens one for you.
+is the WebSocket client's (`agentvm_client.AgentVMClient`); `Session.resume()` opens one for you.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Self
 import httpx
 
 if TYPE_CHECKING:  # the WebSocket client loads only when a session is resumed
-    from agentvm.client import AgentVMClient, TurnResult
+    from agentvm_client.client import AgentVMClient
+    from agentvm_client.turns import TurnResult
 
 JSON = dict[str, Any]
 
@@ -152,7 +153,7 @@ class Session:
         self.data = current.data
         if client is not None:
             return Conversation(self, client, own=False)
-        from agentvm.client import AgentVMClient
+        from agentvm_client.client import AgentVMClient
 
         opened = AgentVMClient(self._sessions.ws_url, token=self._sessions.token)
         await opened.connect()

@@ -36,13 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import inspect
 import logging
 import random
-import secrets
-import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -53,186 +49,46 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from agentvm_client.errors import (
+    ClientClosed,
+    ClientError,
+    ConnectError,
+    ConnectionLost,
+    RequestFailed,
+    RequestTimeout,
+)
+from agentvm_client.frames import (
+    _MAX_MESSAGE_BYTES,
+    _REF_TIMEOUT_S,
+    Event,
+    EventHandler,
+    Hook,
+    _context_str,
+    _data,
+    _encode,
+    _fetch_referenced,
+    _now_ms,
+    _request_id,
+    _stand_in,
+    _str_field,
+    _Unavailable,
+    _unavailable,
+)
+from agentvm_client.turns import TurnResult, _TurnCollector, _TurnTracker
+
 if TYPE_CHECKING:
     import httpx
 
-__all__ = [
-    "AgentVMClient",
-    "ClientClosed",
-    "ClientError",
-    "ConnectError",
-    "ConnectionLost",
-    "Event",
-    "EventHandler",
-    "Hook",
-    "RequestFailed",
-    "RequestTimeout",
-    "TurnResult",
-]
+__all__ = ["AgentVMClient"]
 
 logger = logging.getLogger(__name__)
 
-Event = dict[str, Any]
-EventHandler = Callable[[Event], Awaitable[None] | None]
-Hook = Callable[[], Awaitable[None] | None]
-
-_MAX_MESSAGE_BYTES = 100 * 1024 * 1024  # the reference `ws` default (spec §1.2)
 _PING_INTERVAL_S = 20.0
 _PING_TIMEOUT_S = 20.0
 _CLOSE_TIMEOUT_S = 2.0
 _DRAIN_TIMEOUT_S = 2.0  # how long close() lets handlers finish events already received
 _MIN_BACKOFF_S = 0.01  # never retry in a tight loop
 _AUTH_REJECTED = frozenset({401, 403})
-_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
-# Fetching an event sent by reference: the receive loop waits for it (events stay in order), so this
-# stays well below the ping timeout.
-_REF_TIMEOUT_S = 10.0
-_REF_KEYS = frozenset({"__ref", "requestId"})
-_TRUNCATED_KEYS = frozenset({"__truncated", "bytes", "requestId"})
-_HEX = frozenset("0123456789abcdef")
-# Session events that do not show that a turn is under way.
-_NOT_TURN_ACTIVITY = frozenset({"conversation_queued", "turn_response", "message_persisted", "user_message"})
-
-
-# --------------------------------------------------------------------------------------------- errors
-
-
-class ClientError(Exception):
-    """Base of every error raised by `AgentVMClient`."""
-
-
-class ConnectError(ClientError):
-    """The server could not be reached, or it refused the WebSocket upgrade."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ConnectionLost(ClientError):
-    """There is no usable connection, or it dropped before the answer arrived.
-
-    A request that fails this way may or may not have reached the server; it is not resent.
-    """
-
-
-class ClientClosed(ConnectionLost):
-    """`close()` was called."""
-
-
-class RequestTimeout(ClientError, asyncio.TimeoutError):
-    """No response (or, for `send_message`, no end of turn) within the timeout."""
-
-
-class RequestFailed(ClientError):
-    """The server answered with `data.error` set."""
-
-    def __init__(self, message: str, response: Event) -> None:
-        super().__init__(message)
-        self.response = response
-
-
-# --------------------------------------------------------------------------------------------- results
-
-
-@dataclass(slots=True)
-class TurnResult:
-    """What `send_message` observed of one turn.
-
-    `text` joins the text of the turn's LLM messages, separated by a blank line. `reason` is the
-    `conversation_end` reason, `"error"` when `error_occurred` ended the turn, or None when the
-    call did not wait. `turn` is the `turn_response` data (usage, cost, model, …) if it arrived.
-    `session_id` is the session of the turn: the one asked for, else the one the server named in its
-    response, else the one seen on the turn's events (None if none was seen).
-    """
-
-    image_id: str
-    agent_id: str | None = None
-    text: str = ""
-    reason: str | None = None
-    error: str | None = None
-    error_code: str | None = None
-    turn: dict[str, Any] | None = None
-    queued: bool = False
-    message_id: str | None = None
-    session_id: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-# --------------------------------------------------------------------------------------------- helpers
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _request_id() -> str:
-    return f"req_{_now_ms()}_" + "".join(secrets.choice(_ALPHABET) for _ in range(6))
-
-
-def _data(event: Event) -> dict[str, Any]:
-    data = event.get("data")
-    return data if isinstance(data, dict) else {}
-
-
-def _context_str(event: Event, key: str) -> str | None:
-    ctx = event.get("context")
-    if isinstance(ctx, dict):
-        value = ctx.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
-def _str_field(data: Mapping[str, Any], key: str) -> str | None:
-    value = data.get(key)
-    return value if isinstance(value, str) and value else None
-
-
-def _encode(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
-
-
-class _Unavailable(Exception):
-    """An event sent by reference could not be fetched, or failed its checks."""
-
-
-def _stand_in(event: Event) -> str | None:
-    """Whether `event` only stands for the real one: "ref" (sent by reference), "truncated", or None."""
-    data = event.get("data")
-    if not isinstance(data, dict):
-        return None
-    if isinstance(data.get("__ref"), dict) and data.keys() <= _REF_KEYS:
-        return "ref"
-    if data.get("__truncated") is True and data.keys() <= _TRUNCATED_KEYS:
-        return "truncated"
-    return None
-
-
-def _unavailable(event: Event, reason: str) -> Event:
-    """What the caller gets for an event it cannot have: the response with `data.error` (so the request
-    fails like any refused request), or a `system_error` in place of any other event."""
-    request_id = _data(event).get("requestId")
-    seq = event.get("seq")
-    what = f"{event['type']} event" + (f" (seq {seq})" if isinstance(seq, int) else "")
-    message = f"Cannot deliver the {what}: {reason}"
-    if event.get("category") == "response":
-        data: dict[str, Any] = {"error": message, "errorCode": "frame_unavailable"}
-        if isinstance(request_id, str):
-            data["requestId"] = request_id
-        return {**event, "data": data}
-    error: Event = {"type": "system_error", "timestamp": event.get("timestamp", _now_ms()), "source": "command",
-                    "category": "error", "intent": "notification",
-                    "data": {"message": message, "code": "frame_unavailable", "severity": "error",
-                             "eventType": event["type"]}}
-    if isinstance(request_id, str):
-        error["data"]["requestId"] = request_id
-    if isinstance(event.get("context"), dict):
-        error["context"] = event["context"]
-    return error
 
 
 async def _call(fn: Callable[..., Awaitable[None] | None], *args: Any, what: str) -> None:
@@ -256,222 +112,6 @@ class _Pending:
 @dataclass(slots=True)
 class _Registration:
     handler: Callable[..., Awaitable[None] | None]
-
-
-@dataclass(frozen=True, slots=True)
-class _TurnInfo:
-    ended: bool = False
-    next_message_id: str | None = None
-
-
-_NO_TURN_INFO = _TurnInfo()
-
-
-class _TurnTracker:
-    """Follows one session's turns from its event stream: where each ends, which queued message is next.
-
-    A turn ends with `conversation_end` or `error_occurred`. If a server sends both for one failed
-    turn (`error_occurred` and `conversation_end{reason:"error"}`, in either order, with no turn
-    activity between them) they count as one end.
-    """
-
-    __slots__ = ("_last_end", "_queue", "image_id")
-
-    def __init__(self, image_id: str | None = None) -> None:
-        self.image_id = image_id  # the image the session belongs to
-        self._queue: deque[str] = deque()
-        self._last_end: str | None = None  # an error-kind end with no activity since
-
-    def observe(self, event: Event) -> _TurnInfo:
-        kind = event["type"]
-        data = _data(event)
-        if kind == "conversation_queued":
-            message_id = _str_field(data, "messageId")
-            if message_id is not None:
-                self._queue.append(message_id)
-            return _NO_TURN_INFO
-        if kind in ("error_occurred", "conversation_end"):
-            is_error = kind == "error_occurred" or data.get("reason") == "error"
-            if is_error and self._last_end is not None and self._last_end != kind:
-                self._last_end = None  # second half of one failed turn
-                return _NO_TURN_INFO
-            self._last_end = kind if is_error else None
-            return _TurnInfo(ended=True, next_message_id=self._queue.popleft() if self._queue else None)
-        if kind not in _NOT_TURN_ACTIVITY:
-            self._last_end = None
-        return _NO_TURN_INFO
-
-    def is_queued(self, message_id: str) -> bool:
-        return message_id in self._queue
-
-
-class _TurnCollector:
-    """Collects one `send_message` turn. Fed synchronously, in arrival order, from the receive loop.
-
-    It sees every session event of its image and keeps those of its session: `session_id`, given by
-    the caller or taken from the response; while unknown (a server that does not name it), any
-    session's, until one is identified (the queue holding our message, or the turn's first event).
-
-    Before the response only `conversation_queued` matters: the last one of our session is ours
-    (queued messages are announced before the response, spec §3.9 rule 4), so the last one of each
-    session is kept until the response says which session is ours. After the response the turn is
-    ours at once, or, when queued, from the end of the turn that pops our message.
-    """
-
-    def __init__(self, client: AgentVMClient, image_id: str, session_id: str | None,
-                 on_event: Callable[[Event], None] | None, grace: float) -> None:
-        self._client = client
-        self.image_id = image_id
-        self.session_id = session_id
-        self._on_event = on_event
-        self._grace = grace
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.state = "sent"  # sent → (waiting) → running → grace → ended
-        self.queued_events: dict[str, Event] = {}  # the last `conversation_queued` per session, before the response
-        self.last_queued: Event | None = None  # the last one of any session
-        self.message_id: str | None = None
-        self.queued = False
-        self.active = False
-        self.parts: list[str] = []
-        self.llm_message_ids: set[str] = set()
-        self.reason: str | None = None
-        self.error: str | None = None
-        self.error_code: str | None = None
-        self.turn: dict[str, Any] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    # called from the receive loop -------------------------------------------------------------------
-
-    def on_response(self, response: Event) -> None:
-        data = _data(response)
-        if data.get("error"):
-            self._finish()
-            return
-        if self.session_id is None:
-            self.session_id = _str_field(data, "sessionId")
-        self.message_id = _str_field(data, "messageId")
-        queued = self.last_queued if self.session_id is None else self.queued_events.get(self.session_id)
-        self.queued_events, self.last_queued = {}, None
-        if queued is not None:
-            queued_id = _str_field(_data(queued), "messageId")
-            if self.message_id is None or self.message_id == queued_id:
-                self.message_id = queued_id
-        # Which session's queue may hold our message: ours, else the announced one's, else any of the image.
-        trackers = self._client._trackers
-        if self.session_id is not None:
-            candidates: list[str | None] = [self.session_id]
-        elif queued is not None:
-            candidates = [_context_str(queued, "sessionId")]
-        else:
-            candidates = [s for s, t in trackers.items() if t.image_id == self.image_id]
-        for session_id in candidates:
-            tracker = trackers.get(session_id) if session_id is not None else None
-            if self.message_id is not None and tracker is not None and tracker.is_queued(self.message_id):
-                self.session_id = session_id
-                self.queued = True
-                self.state = "waiting"
-                if queued is not None:
-                    self._emit(queued)
-                return
-        self.state = "running"
-
-    def observe(self, event: Event, info: _TurnInfo, session_id: str) -> None:
-        """`event` is a session event of this image; `info` what the session's tracker made of it."""
-        kind = event["type"]
-        if self.state == "sent":
-            if kind == "conversation_queued":
-                self.queued_events[session_id] = event
-                self.last_queued = event
-        elif self.session_id is not None and session_id != self.session_id:
-            return  # another session of the image
-        elif self.state == "waiting":
-            if info.ended and info.next_message_id == self.message_id:
-                self.state = "running"
-        elif self.state == "running":
-            self._observe_running(event, kind, info, session_id)
-        elif self.state == "grace" and kind == "turn_response" and self._is_ours(event):
-            self.turn = _data(event)
-            self._emit(event)
-            self._finish()
-
-    def _observe_running(self, event: Event, kind: str, info: _TurnInfo, session_id: str) -> None:
-        if kind in ("conversation_queued", "message_persisted", "user_message"):
-            return  # about other messages (sent behind ours, or from another device)
-        if kind == "turn_response":
-            if self.active and self._is_ours(event):
-                self.turn = _data(event)
-                self._emit(event)
-            return
-        if kind not in _NOT_TURN_ACTIVITY:
-            self.active = True
-            if self.session_id is None:
-                self.session_id = session_id  # the turn's first event: from now on, only this session
-        data = _data(event)
-        if kind == "message_start":
-            llm_message_id = _str_field(data, "messageId")
-            if llm_message_id is not None:
-                self.llm_message_ids.add(llm_message_id)
-        if kind == "message_start" or (kind == "text_delta" and not self.parts):
-            self.parts.append("")
-        if kind == "text_delta":
-            text = data.get("text")
-            if isinstance(text, str):
-                self.parts[-1] += text
-        elif kind == "error_occurred":
-            self.error = _str_field(data, "message") or "unknown error"
-            self.error_code = _str_field(data, "code")
-        self._emit(event)
-        if info.ended:
-            self.reason = "error" if kind == "error_occurred" else (_str_field(data, "reason") or "completed")
-            if self.turn is None and self._client._server_has_seq and self._grace > 0:
-                # AgentVM ends each turn with turn_response; give it a moment to arrive.
-                self.state = "grace"
-                self._timer = asyncio.get_running_loop().call_later(self._grace, self._finish)
-            else:
-                self._finish()
-
-    def _is_ours(self, event: Event) -> bool:
-        """Whether a `turn_response` is this turn's. Its `messageId` names an LLM message of the turn
-        (AgentVM) or, in other servers, possibly the user message; without one we cannot tell."""
-        theirs = _str_field(_data(event), "messageId")
-        return (theirs is None or not self.llm_message_ids or theirs in self.llm_message_ids
-                or theirs == self.message_id)
-
-    def _emit(self, event: Event) -> None:
-        if self._on_event is not None:
-            try:
-                self._on_event(event)
-            except Exception:
-                logger.exception("send_message on_event callback raised")
-
-    def _finish(self) -> None:
-        self.state = "ended"
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def fail(self, exc: BaseException) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self.done.done():
-            self.done.set_exception(exc)
-
-    def result(self, agent_id: str | None) -> TurnResult:
-        return TurnResult(
-            image_id=self.image_id,
-            agent_id=agent_id,
-            text="\n\n".join(p for p in self.parts if p),
-            reason=self.reason,
-            error=self.error,
-            error_code=self.error_code,
-            turn=self.turn,
-            queued=self.queued,
-            message_id=self.message_id,
-            session_id=self.session_id,
-        )
 
 
 # --------------------------------------------------------------------------------------------- client
@@ -1034,46 +674,17 @@ class AgentVMClient:
     async def _resolve(self, event: Event) -> Event:
         """The event a reference stands for, or the error that takes its place."""
         try:
-            return await self._fetch_referenced(event)
+            return await _fetch_referenced(event, self._ref_http)
         except _Unavailable as exc:  # the caller sees it (a failed response or a system_error)
             logger.info("cannot resolve the %s event sent by reference: %s", event["type"], exc)
             return _unavailable(event, f"fetching the copy the server sent by reference failed ({exc})")
 
-    async def _fetch_referenced(self, event: Event) -> Event:
-        import httpx
-
-        ref = _data(event)["__ref"]
-        url, size, digest = ref.get("url"), ref.get("bytes"), ref.get("sha256")
-        if (not isinstance(url, str) or not url.startswith(("https://", "http://"))
-                or not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= _MAX_MESSAGE_BYTES
-                or not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX):
-            raise _Unavailable("malformed reference")
+    def _ref_http(self) -> httpx.AsyncClient:
         if self._http is None:
+            import httpx
+
             self._http = httpx.AsyncClient(timeout=_REF_TIMEOUT_S)
-        body = bytearray()
-        try:  # the URL is a credential for a while: it appears in no message
-            async with asyncio.timeout(_REF_TIMEOUT_S), self._http.stream("GET", url) as resp:
-                if resp.status_code != 200:
-                    raise _Unavailable(f"HTTP {resp.status_code}")
-                async for chunk in resp.aiter_bytes():
-                    body += chunk
-                    if len(body) > size:
-                        raise _Unavailable(f"more than the announced {size} bytes")
-        except TimeoutError:
-            raise _Unavailable(f"no answer within {_REF_TIMEOUT_S:g}s") from None
-        except httpx.HTTPError as exc:
-            raise _Unavailable(f"{type(exc).__name__} while fetching it") from None
-        if len(body) != size:
-            raise _Unavailable(f"{len(body)} bytes instead of the announced {size}")
-        if hashlib.sha256(body).hexdigest() != digest:
-            raise _Unavailable("its sha256 does not match")
-        try:
-            original = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise _Unavailable("it is not JSON") from None
-        if not isinstance(original, dict) or original.get("type") != event["type"]:
-            raise _Unavailable("it is not the announced event")
-        return original
+        return self._http
 
     async def _subscribe_listed(self, ws: ClientConnection, sessions: Any) -> None:
         if not isinstance(sessions, list):

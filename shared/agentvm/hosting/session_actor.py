@@ -8,18 +8,18 @@ import logging
 import time
 from collections import deque
 
-from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Turn, TurnStatus
+from agentvm.domain.models import Checkpoint, Image, LoggedEvent, Turn
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.history import SessionHistory
-from agentvm.ids import now_ms
-from agentvm.services.deps import Deps
-from agentvm.services.turn_scheduler import ScheduledTurn
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_events import drop_stopped
+from agentvm.hosting.turn_scheduler import ScheduledTurn
 
 log = logging.getLogger(__name__)
 
 
 class SessionActor:
-    def __init__(self, deps: Deps, image: Image, channel: SessionChannel) -> None:
+    def __init__(self, deps: RuntimePorts, image: Image, channel: SessionChannel) -> None:
         self.deps = deps
         self.image = image
         self.channel = channel
@@ -63,11 +63,8 @@ class SessionActor:
         self._queue.clear()
         self.interrupt()
         if dropped:
-            ts = now_ms()
-            for t in dropped:
-                t.status, t.ended_at = TurnStatus.INTERRUPTED, ts
-                t.error_code, t.error_message = "agent_stopped", reason
-            await self.deps.store.commit(Checkpoint(t.tenant_id, t.session_id, turns=dropped))
+            drop_stopped(dropped, reason)
+            await self.deps.store.commit(Checkpoint(self.image.tenant_id, self.image.session_id, turns=dropped))
         if self._task is not None:
             await asyncio.wait({self._task}, timeout=30)
 

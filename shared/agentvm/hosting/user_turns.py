@@ -1,4 +1,4 @@
-"""A user message and the turn it queues, and how both runtimes announce it on the session."""
+"""A user message and the turn it queues (hosting/session_events.py announces it on the session)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentvm.domain.models import Image, Principal, StoredMessage, Turn, TurnStatus
-from agentvm.engine.channel import SessionChannel
 from agentvm.ids import message_id, now_ms, turn_id
 from agentvm.protocol import messages as msgs
 
@@ -39,9 +38,3 @@ def task_of(content: str | list[dict[str, Any]]) -> str:
     text = " ".join(text.split())
     return text if len(text) <= TASK_CHARS else text[:TASK_CHARS - 1] + "…"
 
-
-def announce(channel: SessionChannel, message: StoredMessage, *, sender: str | None) -> None:
-    """`message_persisted` to everyone, `user_message` to everyone but the sender (who shows it already)."""
-    channel.publish("message_persisted", {"sessionId": message.session_id, "messageId": message.message_id,
-                                          "savedAt": now_ms()})
-    channel.publish("user_message", message.body, exclude=sender, timestamp=int(message.body["timestamp"]))

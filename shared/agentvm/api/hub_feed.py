@@ -6,9 +6,9 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Self
 
-from agentvm.adapters.local.ws_hub import Connection, LocalHub
+from agentvm.api.ws_hub import Connection, LocalHub
+from agentvm.hosting.local_host import SessionRegistry
 from agentvm.ids import connection_id
-from agentvm.services.sessions import SessionRegistry
 
 
 class HubFeed:

@@ -8,10 +8,10 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from agentvm.adapters.local.ws_hub import OVERFLOW_REASON, Connection, LocalHub
+from agentvm.api.ws_auth import read_auth_frame, timeout_reason
+from agentvm.api.ws_hub import OVERFLOW_REASON, Connection, LocalHub
 from agentvm.api.ws_router import CommandRouter
 from agentvm.auth.api_keys import MISSING_TOKEN
 from agentvm.domain.models import Principal
@@ -112,16 +112,12 @@ class WebSocketEndpoint:
             msg = await asyncio.wait_for(ws.receive(), self.auth_timeout_s)
             if msg["type"] == "websocket.disconnect":
                 return None
-            frame = orjson.loads(msg.get("text") or msg.get("bytes") or b"")
-            headers = frame.get("headers") if isinstance(frame, dict) and frame.get("type") == "auth" else None
-            if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-                raise Unauthorized('authenticate first: {"type": "auth", "headers": {"Authorization": '
-                                   '"Bearer <key>"}} (or the header or ?token= on the upgrade)')
-            return await self.auth_frame(headers)
+            frame = read_auth_frame(msg.get("text") or msg.get("bytes") or b"")
+            if frame.headers is None:
+                raise Unauthorized(frame.refusal)
+            return await self.auth_frame(frame.headers)
         except TimeoutError:
-            reason = f"no auth frame within {self.auth_timeout_s:g} s"
-        except orjson.JSONDecodeError:
-            reason = "authenticate first: the first frame is not JSON"
+            reason = timeout_reason(self.auth_timeout_s)
         except Unauthorized as exc:
             reason = exc.message
         log.info("websocket refused", extra={"reason": reason})

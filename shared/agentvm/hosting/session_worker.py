@@ -16,7 +16,7 @@ A worker that dies holding the lease (a crash, the function's timeout) leaves it
 and its runner mark on the lease record. The next worker to take the lease, once it has expired,
 finds the mark (`LeaseState.dead_runner`) and fails that turn (`worker_lost`: the error triple,
 `turn_response`, the error message in the history), as `avm serve` does at start-up with the turns
-of a crash (services/recovery.py), and gives back the budget hold of the call it died in; the turns
+of a crash (hosting/recovery.py), and gives back the budget hold of the call it died in; the turns
 queued behind it then run.
 """
 
@@ -33,12 +33,12 @@ from agentvm.domain.models import Checkpoint, Image, LeaseState, Turn, TurnStatu
 from agentvm.engine.channel import SEQ_BLOCK, SessionChannel
 from agentvm.engine.history import SessionHistory
 from agentvm.errors import WorkerLost
+from agentvm.hosting import session_events
+from agentvm.hosting.leased_host import LEASE_TTL_MS
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_events import announce, drop_stopped, session_context
+from agentvm.hosting.turn_scheduler import ScheduledTurn
 from agentvm.ports import LeasedFanout, SessionLeases
-from agentvm.services.deps import Deps
-from agentvm.services.leased_sessions import LEASE_TTL_MS
-from agentvm.services.sessions import session_context
-from agentvm.services.turn_scheduler import ScheduledTurn
-from agentvm.services.user_turns import announce
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class SessionWorker:
     """`before_release(session_id)`: called while the lease is still held, just before each release
     (the container task's worker marks the session handled there; see agentvm/worker)."""
 
-    def __init__(self, deps: Deps, *, fanout: LeasedFanout, leases: SessionLeases, owner: str,
+    def __init__(self, deps: RuntimePorts, *, fanout: LeasedFanout, leases: SessionLeases, owner: str,
                  poll_s: float = 0.25, renew_s: float = 20.0,
                  before_release: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.deps = deps
@@ -132,8 +132,7 @@ class SessionWorker:
             if ran:  # read again between turns: an agent destroyed meanwhile runs nothing more
                 agent = await store.get_agent_for_image(tenant_id, image.image_id)
             if agent is None:  # the agent was destroyed: its queued turns do not run
-                turn.status, turn.error_code = TurnStatus.INTERRUPTED, "agent_stopped"
-                turn.error_message = "The agent was stopped."
+                drop_stopped([turn])
                 await store.commit(Checkpoint(tenant_id, session_id, turns=[turn]))
                 run.done.add(turn.turn_id)
                 continue
@@ -188,8 +187,7 @@ class SessionWorker:
             if state.interrupts > run.interrupts:
                 run.interrupts = state.interrupts
                 runner.interrupt()
-                channel.publish("interrupted", {"agentId": channel.context.get("agentId", ""),
-                                                "containerId": image.container_id})
+                session_events.interrupted(channel, channel.context.get("agentId", ""), image.container_id)
                 await self.fanout.flushed()  # posted before the requester gets its response
                 await self.leases.ack_interrupt(tenant_id, session_id, self.owner, state.interrupts)
             await self._announce(channel, state.announce - run.announced, run)
@@ -249,7 +247,7 @@ class SessionWorker:
             if message is None:
                 continue
             announce(channel, message, sender=entry[1] or None)
-            channel.publish("conversation_queued", {"messageId": message.message_id})
+            session_events.queued(channel, message.message_id)
 
     async def _release(self, tenant_id: str, session_id: str, run: _Run) -> LeaseState | None:
         if run.lost:

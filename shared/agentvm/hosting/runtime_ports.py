@@ -1,4 +1,5 @@
-"""What the services share: the ports and the engine options, built by a composition root."""
+"""What a composition root gives the session hosts and the use cases: the adapters it chose for the
+ports, and the engine options."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class TurnOptions(Protocol):
 
 
 @dataclass(slots=True)
-class Deps:
+class RuntimePorts:
     store: Store
     fanout: Fanout
     # None where no turn runs (the cloud's `ws_default`: the driver and its key stay unloaded)

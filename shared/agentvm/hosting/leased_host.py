@@ -20,10 +20,11 @@ from typing import Any
 from agentvm.domain.models import Checkpoint, Image, LeaseState, LoggedEvent, Principal, Turn, TurnStatus
 from agentvm.engine.channel import SessionChannel
 from agentvm.errors import NotFound
+from agentvm.hosting import session_events
+from agentvm.hosting.runtime_ports import RuntimePorts
+from agentvm.hosting.session_events import announce, drop_stopped, session_context
+from agentvm.hosting.user_turns import new_user_turn
 from agentvm.ports import Dispatcher, LeasedFanout, SessionLeases
-from agentvm.services.deps import Deps
-from agentvm.services.sessions import session_context
-from agentvm.services.user_turns import announce, new_user_turn
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class DeferredFanout:
 
 
 class LeasedSessions:
-    def __init__(self, deps: Deps, *, fanout: LeasedFanout, leases: SessionLeases, dispatcher: Dispatcher,
+    def __init__(self, deps: RuntimePorts, *, fanout: LeasedFanout, leases: SessionLeases, dispatcher: Dispatcher,
                  owner: str) -> None:
         self.deps = deps
         self.fanout = fanout
@@ -115,13 +116,9 @@ class LeasedSessions:
             return
         try:
             queued = await self.leases.get_turns(t, sid, state.queued)
-            dropped = [turn for turn in queued if turn.status == TurnStatus.QUEUED]
-            for turn in dropped:
-                turn.status = TurnStatus.INTERRUPTED
-                turn.error_code, turn.error_message = "agent_stopped", reason
+            dropped = drop_stopped((turn for turn in queued if turn.status == TurnStatus.QUEUED), reason)
             channel = self._channel(image, agent_id, state, self.fanout, ANNOUNCE_SEQ_BLOCK)
-            channel.publish("session_destroyed", {"sessionId": sid, "agentId": agent_id,
-                                                  "containerId": image.container_id})
+            session_events.session_destroyed(channel, image, agent_id)
             await self.deps.store.commit(Checkpoint(t, sid, turns=dropped, events=channel.take_pending()))
         except BaseException:
             await self.leases.release(t, sid, self.owner)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from agentvm.domain.models import Image, Principal, Session, StoredMessage, Turn
 from agentvm.engine.context import conversation_order
 from agentvm.errors import Conflict, InvalidRequest, NotFound
+from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import now_ms, session_id
-from agentvm.services.deps import Deps
 from agentvm.services.images import ImageService
 
 MAX_TITLE_CHARS = 200
@@ -23,8 +23,8 @@ def session_not_found(sid: str) -> NotFound:
     return NotFound(f"Session not found: {sid}", field="sessionId")
 
 
-class SessionCenter:
-    def __init__(self, deps: Deps, images: ImageService) -> None:
+class ImageSessions:
+    def __init__(self, deps: RuntimePorts, images: ImageService) -> None:
         self.deps = deps
         self.images = images
 

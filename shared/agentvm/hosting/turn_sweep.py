@@ -1,7 +1,7 @@
 """The turn sweep (cloud, on a schedule): a session whose queued turns nobody runs gets a runner.
 
 A `chat_turn` that dies mid-turn (a crash, the function's timeout) leaves its lease to expire and its
-turn unfinished. Without the sweep, the session's next message recovers it (services/session_worker.py),
+turn unfinished. Without the sweep, the session's next message recovers it (hosting/session_worker.py),
 so a user who only waits sees the turn hang. The sweep lists the unfinished turns (the Store's sparse
 index: a few Queries that read nothing while nothing is unfinished), and for every session with a turn
 older than `grace_ms` whose lease nobody holds and whose queue is not empty it dispatches `chat_turn`.

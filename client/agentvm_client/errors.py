@@ -1,0 +1,44 @@
+"""What `AgentVMClient` raises."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentvm_client.frames import Event
+
+__all__ = ["ClientClosed", "ClientError", "ConnectError", "ConnectionLost", "RequestFailed", "RequestTimeout"]
+
+
+class ClientError(Exception):
+    """Base of every error raised by `AgentVMClient`."""
+
+
+class ConnectError(ClientError):
+    """The server could not be reached, or it refused the WebSocket upgrade."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ConnectionLost(ClientError):
+    """There is no usable connection, or it dropped before the answer arrived.
+
+    A request that fails this way may or may not have reached the server; it is not resent.
+    """
+
+
+class ClientClosed(ConnectionLost):
+    """`close()` was called."""
+
+
+class RequestTimeout(ClientError, asyncio.TimeoutError):
+    """No response (or, for `send_message`, no end of turn) within the timeout."""
+
+
+class RequestFailed(ClientError):
+    """The server answered with `data.error` set."""
+
+    def __init__(self, message: str, response: Event) -> None:
+        super().__init__(message)
+        self.response = response
