@@ -1,6 +1,6 @@
 """Event order of text, tool and error turns against the recorded reference traffic
-(`../shared/protocol/agentx-transcripts/`), with AgentVM's documented fixes applied to the
-reference (docs/protocol.md, "Differences from the reference")."""
+(`tests/fixtures/agentx_transcripts/`, copied from the design material), with AgentVM's
+documented fixes applied to the reference (docs/protocol.md, "Differences from the reference")."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 
 from tests.support.stock_client import StockClient
 
-# `../shared/` beside the repository holds the recorded reference traffic.
-TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "protocol" / "agentx-transcripts"
+TRANSCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "agentx_transcripts"
 
 
 def reference_events(name: str) -> list[dict[str, Any]]:
