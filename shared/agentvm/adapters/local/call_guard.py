@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentvm.adapters.local.cgroups import cgroup_dir
+from agentvm.adapters.local.cgroups import own_cgroups
 from agentvm.domain.sandbox_limits import Limits
 from agentvm.sandbox.quota import DiskPolicy, workspace_usage
 
@@ -122,19 +122,11 @@ class MemoryCgroups:
     def find(cls) -> tuple[MemoryCgroups | None, str | None]:
         """The parent of the calls' memory cgroups (made under our own cgroup), or None and why not."""
         try:
-            own = Path("/proc/self/cgroup").read_text().splitlines()
-            mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+            bases = own_cgroups("memory")
         except OSError as exc:
             return None, f"the cgroups of this process cannot be read ({exc.strerror or exc})"
         reasons: list[str] = []
-        for line in own:
-            hid, controllers, path = line.split(":", 2)
-            v2 = hid == "0" and controllers == ""
-            if not v2 and "memory" not in controllers.split(","):
-                continue
-            base = cgroup_dir(mounts, path, v2=v2, controller="memory")
-            if base is None:
-                continue
+        for base, v2 in bases:
             found, why = cls._prepare(base, v2=v2)
             if found is not None:
                 return found, None

@@ -16,6 +16,23 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+def own_cgroups(controller: str) -> list[tuple[Path, bool]]:
+    """The directories of this process's own cgroups where `controller` can be used, with whether each
+    is cgroup v2 (the unified hierarchy) or v1. OSError when /proc cannot be read."""
+    own = Path("/proc/self/cgroup").read_text().splitlines()
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    found: list[tuple[Path, bool]] = []
+    for line in own:
+        hid, controllers, path = line.split(":", 2)
+        v2 = hid == "0" and controllers == ""
+        if not v2 and controller not in controllers.split(","):
+            continue
+        base = cgroup_dir(mounts, path, v2=v2, controller=controller)
+        if base is not None:
+            found.append((base, v2))
+    return found
+
+
 def cgroup_dir(mounts: list[str], path: str, *, v2: bool, controller: str) -> Path | None:
     """The directory of our cgroup `path` in the hierarchy mounted on this host (from mountinfo): the
     unified one (v2), or the v1 hierarchy that holds `controller`."""
@@ -48,18 +65,10 @@ class PidsCgroups:
     def find(cls) -> PidsCgroups | None:
         """The pids cgroup parent for tool calls (created under our own cgroup), or None."""
         try:
-            own = Path("/proc/self/cgroup").read_text().splitlines()
-            mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+            bases = own_cgroups("pids")
         except OSError:
             return None
-        for line in own:
-            hid, controllers, path = line.split(":", 2)
-            v2 = hid == "0" and controllers == ""
-            if not v2 and "pids" not in controllers.split(","):
-                continue
-            base = cgroup_dir(mounts, path, v2=v2, controller="pids")
-            if base is None:
-                continue
+        for base, v2 in bases:
             found = cls._prepare(base, v2=v2)
             if found is not None:
                 return found
