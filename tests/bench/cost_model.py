@@ -1,473 +1,398 @@
-"""Monthly AWS bill of the cloud tier for a usage scenario, built from per-turn counts.
+"""The monthly AWS bill of the cloud tier, for the 1M-turn month, the 30M-turn month and the idle month,
+with the turn tiers (per-turn Lambda `chat_turn`, the ECS Fargate turn host) and the crossover.
 
-    .venv/bin/python -m tests.bench.cost_model --counts FILE.json [--flush-ms 250]
-    .venv/bin/python -m tests.bench.cost_model --assume
-        [--chat-turn-memory MB] [--json OUT]
+    .venv/bin/python -m tests.bench.cost_model --counts docs/aws-calls.json [--json -|FILE]
+        [--chat-turn-memory MB] [--batched-share 0..1] [--snapstart-versions N] [--pitr on|off]
+        [--llm-seconds S] [--scale-out-concurrency N] [--host-tier on|off]
 
-`--counts` reads what the AWS-calls benchmark measured per pure-chat turn for each flush window
-(`{"flush_ms": {"250": {"post_to_connection": 25, "ddb_write_units": 14, ...}}}`); whatever a file
-does not hold (durations, sizes, per-connection counts) comes from the labelled assumptions below.
-`--assume` uses the assumptions alone. Money is `Decimal` throughout, never float. Prints every
-line item, the total, what the free tier would take off (not subtracted), the sensitivity to the
-design levers and an always-on comparison; exits 1 if the total reaches BUDGET_USD.
-See docs/cost-model.md.
+The per-turn counts come from the AWS-calls bench (tests/bench/cost_inputs.py says which keys); every
+duration, size and ratio that is not counted is a stated assumption (`Assumptions`, printed in the
+JSON with its why); the prices are tests/bench/cost_prices.py. Money is `Decimal` throughout. Exits 1
+when a goal is missed (30M ≤ $750 and ≤ $0.000025 a turn, 1M ≤ $40, idle ≤ $3). See docs/cost-model.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
-BUDGET_USD = Decimal(150)
-GIB = Decimal(2**30)  # AWS bills storage, logs and transfer per GB of 2^30 bytes
-MB_PER_GB = Decimal(1024)  # Lambda: 512 MB = 0.5 GB
-HOURS_PER_MONTH = Decimal(730)  # AWS's month in its pricing examples
-DAYS_PER_MONTH = Decimal(30)
-MILLION = Decimal(1_000_000)
+from tests.bench.cost_inputs import (
+    DAYS_PER_MONTH,
+    GIB,
+    GOALS,
+    HOURS_PER_MONTH,
+    MB_PER_GB,
+    METRICS,
+    PER_TURN_GOAL,
+    SCENARIOS,
+    Assumptions,
+    Counts,
+    Scenario,
+    TierCounts,
+    load_counts,
+)
+from tests.bench.cost_prices import US_EAST_1, Price, Prices
 
 D = Decimal
 
 
-# ---- prices --------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
-class Price:
-    """`amount` USD per `per` units of `unit`, with where it comes from."""
-
-    name: str
-    amount: Decimal
-    per: Decimal
-    unit: str
-    source: str
-    as_of: str
-    free_tier: Decimal = field(default=D(0))  # units a month the free tier covers (never subtracted)
-    free_tier_kind: str = ""  # "always free" or "12 months, accounts opened before 2025-07-15"
-
-    def cost(self, quantity: Decimal) -> Decimal:
-        return quantity * self.amount / self.per
-
-    def label(self) -> str:
-        per = "" if self.per == 1 else f"{self.per:,.0f} "
-        return f"${self.amount} / {per}{self.unit}"
-
-
-_APIGW = "https://aws.amazon.com/api-gateway/pricing/"
-_LAMBDA = "https://aws.amazon.com/lambda/pricing/"
-_DDB = "https://aws.amazon.com/dynamodb/pricing/on-demand/"
-_CW = "https://aws.amazon.com/cloudwatch/pricing/"
-_S3 = "https://aws.amazon.com/s3/pricing/"
-_EC2 = "https://aws.amazon.com/ec2/pricing/on-demand/"
-_SM = "https://aws.amazon.com/secrets-manager/pricing/"
-_UNVERIFIED = "as listed by AWS in 2025; not re-verified offline"
-_LEGACY_FREE = "12 months, accounts opened before 2025-07-15"
-
-
-@dataclass(frozen=True)
-class Prices:
-    """us-east-1 list prices (first tier of each; every quantity here is far below the next tier)."""
-
-    ws_message: Price
-    ws_connection_minute: Price
-    lambda_request: Price
-    lambda_gb_s: Price
-    snapstart_cache_gb_s: Price
-    snapstart_restore_gb: Price
-    ddb_write_unit: Price
-    ddb_read_unit: Price
-    ddb_storage_gb_month: Price
-    ddb_pitr_gb_month: Price
-    logs_ingest_gb: Price
-    logs_storage_gb_month: Price
-    s3_storage_gb_month: Price
-    s3_put: Price
-    s3_get: Price
-    transfer_out_gb: Price
-    secret_month: Price
-    secret_api_call: Price
-    # always-on alternatives (comparison only)
-    ec2_t4g_small_hour: Price
-    fargate_arm_vcpu_hour: Price
-    fargate_arm_gb_hour: Price
-    alb_hour: Price
-    alb_lcu_hour: Price
-    public_ipv4_hour: Price
-
-    def all(self) -> list[Price]:
-        return [getattr(self, f) for f in self.__dataclass_fields__]
-
-
-US_EAST_1 = Prices(
-    ws_message=Price("API Gateway WebSocket message", D("1.00"), MILLION, "messages", _APIGW,
-                     "2026 (first 1 billion a month; confirmed by awsforengineers.com 2025-05-19; the AWS page meters "
-                     "messages in 32 KB increments)", D(1_000_000), _LEGACY_FREE),
-    ws_connection_minute=Price("API Gateway WebSocket connection minute", D("0.25"), MILLION, "connection minutes",
-                               _APIGW, "2026 (confirmed by repost.aws quoting the AWS page)", D(750_000), _LEGACY_FREE),
-    lambda_request=Price("Lambda request", D("0.20"), MILLION, "requests", _LAMBDA,
-                         "2026 (confirmed by cloudchipr.com 2024 and the AWS free-tier text)", D(1_000_000),
-                         "always free"),
-    lambda_gb_s=Price("Lambda duration, arm64", D("0.0000133334"), D(1), "GB-s", _LAMBDA,
-                      "2026 (first 7.5 billion GB-s a month; confirmed by cloudchipr.com 2024)", D(400_000),
-                      "always free"),
-    snapstart_cache_gb_s=Price("Lambda SnapStart cache (Python)", D("0.0000015046"), D(1), "GB-s", _LAMBDA,
-                               "2026 (confirmed by awsnegotiations.com 2026-05)"),
-    snapstart_restore_gb=Price("Lambda SnapStart restore (Python)", D("0.0001397998"), D(1), "GB restored", _LAMBDA,
-                               "2026 (confirmed by awsnegotiations.com 2026-05)"),
-    ddb_write_unit=Price("DynamoDB on-demand write request unit", D("0.625"), MILLION, "WRU", _DDB,
-                         "2026 (price since the 2024-11-01 cut; confirmed by airbyte.com 2025-07-21)"),
-    ddb_read_unit=Price("DynamoDB on-demand read request unit", D("0.125"), MILLION, "RRU", _DDB,
-                        "2026 (price since the 2024-11-01 cut; confirmed by airbyte.com 2025-07-21)"),
-    ddb_storage_gb_month=Price("DynamoDB Standard storage", D("0.25"), D(1), "GB-month",
-                               "https://aws.amazon.com/dynamodb/pricing/", "2026 (AWS page: first 25 GB free)",
-                               D(25), "always free"),
-    ddb_pitr_gb_month=Price("DynamoDB point-in-time recovery", D("0.20"), D(1), "GB-month", _DDB,
-                            "2026 (confirmed by finops.com.py)"),
-    logs_ingest_gb=Price("CloudWatch Logs ingestion (Lambda, first 10 TB)", D("0.50"), D(1), "GB", _CW,
-                         "2026 (Lambda logs tiered since 2025-05-01, first tier unchanged; duckbillgroup.com, "
-                         "c3x.dev 2026-06)", D(5), "always free"),
-    logs_storage_gb_month=Price("CloudWatch Logs storage", D("0.03"), D(1), "GB-month", _CW,
-                                "2026 (hykell.com; c3x.dev 2026-06)", D(5), "always free"),
-    s3_storage_gb_month=Price("S3 Standard storage", D("0.023"), D(1), "GB-month", _S3,
-                              "2026 (first 50 TB; cloudburn.io 2026-03)", D(5), _LEGACY_FREE),
-    s3_put=Price("S3 PUT request", D("0.005"), D(1000), "requests", _S3, "2026 (devnotes.tech)"),
-    s3_get=Price("S3 GET request", D("0.0004"), D(1000), "requests", _S3, "2026 (devnotes.tech)"),
-    transfer_out_gb=Price("Data transfer out to the internet", D("0.09"), D(1), "GB", _EC2,
-                          "2026 (first 10 TB; awsforengineers.com 2025-05-19)", D(100), "always free"),
-    secret_month=Price("Secrets Manager secret", D("0.40"), D(1), "secret-months", _SM, _UNVERIFIED),
-    secret_api_call=Price("Secrets Manager API call", D("0.05"), D(10_000), "calls", _SM, _UNVERIFIED),
-    ec2_t4g_small_hour=Price("EC2 t4g.small (Linux, on demand)", D("0.0168"), D(1), "instance-hours", _EC2,
-                             _UNVERIFIED),
-    fargate_arm_vcpu_hour=Price("Fargate Linux/ARM vCPU", D("0.03238"), D(1), "vCPU-hours",
-                                "https://aws.amazon.com/fargate/pricing/", "2026 (vantage.sh; cloudburn.io 2026-04)"),
-    fargate_arm_gb_hour=Price("Fargate Linux/ARM memory", D("0.00356"), D(1), "GB-hours",
-                              "https://aws.amazon.com/fargate/pricing/", "2026 (vantage.sh; cloudburn.io 2026-04)"),
-    alb_hour=Price("Application Load Balancer", D("0.0225"), D(1), "ALB-hours",
-                   "https://aws.amazon.com/elasticloadbalancing/pricing/", "2026 (cloud-horizons.com 2026-05-08)"),
-    alb_lcu_hour=Price("Application Load Balancer LCU", D("0.008"), D(1), "LCU-hours",
-                       "https://aws.amazon.com/elasticloadbalancing/pricing/", "2026 (cloud-horizons.com 2026-05-08)"),
-    public_ipv4_hour=Price("Public IPv4 address", D("0.005"), D(1), "address-hours", "https://aws.amazon.com/vpc/pricing/",
-                           _UNVERIFIED),
-)
-
-
-# ---- what is counted -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Invocation:
-    """`count` invocations of one function (per turn, or per connection) and what each is billed."""
-
-    function: str
-    count: Decimal
-    duration_ms: Decimal  # billed duration of a warm invocation
-    memory_mb: int
-    init_ms: Decimal = field(default=D(0))  # INIT billed on a cold start (billed since 2025-08-01); 0 with SnapStart
-    snapstart: bool = False
-
-    def gb_s(self, invocations: Decimal) -> Decimal:
-        return invocations * self.memory_mb / MB_PER_GB * self.duration_ms / 1000
-
-
-@dataclass(frozen=True)
-class ConnectionCounts:
-    """AWS usage of one WebSocket connection outside its turns: $connect, a subscribe, $disconnect."""
-
-    inbound_frames: Decimal
-    outbound_frames: Decimal
-    invocations: tuple[Invocation, ...]
-    ddb_write_units: Decimal
-    ddb_read_units: Decimal
-
-
-@dataclass(frozen=True)
-class TurnCounts:
-    """AWS usage of one pure-chat turn (no tools, no attachments)."""
-
-    source: str  # where the counts come from: a measurement file and flush window, or "assumed"
-    inbound_frames: Decimal  # client → server messages (ACKs are off in the cloud)
-    outbound_frames: Decimal  # post_to_connection calls
-    outbound_32kb_units: Decimal  # API Gateway meters each message per 32 KB started
-    ddb_write_units: Decimal  # WRU, index writes included
-    ddb_read_units: Decimal  # RRU
-    invocations: tuple[Invocation, ...]
-    per_connection: ConnectionCounts
-    s3_put_requests: Decimal = field(default=D(0))
-    s3_get_requests: Decimal = field(default=D(0))
-    s3_stored_bytes: Decimal = field(default=D(0))  # kept in S3 per turn (tmp/ objects expire after a day)
-    stored_bytes: Decimal = field(default=D(1836))  # kept in DynamoDB per turn: messages, turn item, item overheads
-    event_bytes: Decimal = field(default=D(4096))  # event-log items per turn, kept for event_ttl_hours
-    log_bytes: Decimal = field(default=D(600))  # structured application log line(s) per turn
-    platform_log_bytes: Decimal = field(default=D(900))  # per invocation: START, END, REPORT, ~300 B each
-    egress_bytes: Decimal = field(default=D(20_480))  # to the internet: frames to clients + LLM request
-
-
-@dataclass(frozen=True)
-class Scheduled:
-    """A function that runs on a schedule whatever the traffic: `invocation.count` runs a month, each
-    reading `read_units`, plus `read_units_per_turn` for each turn of the month (a job that reads the
-    month's records)."""
-
-    invocation: Invocation
-    read_units: Decimal = field(default=D(0))
-    read_units_per_turn: Decimal = field(default=D(0))
-
-
-# template.yaml's schedules. turn_sweep (TurnSweepSchedule, every 2 minutes): its 16 index Queries
-# read nothing while no turn is unfinished, billed 0.5 RRU each. usage_export (daily): reads the
-# month to date, half a month of usage records on average, ~512 B each, 0.5 RRU per 4 KB.
-SCHEDULES = (
-    Scheduled(Invocation("turn_sweep", HOURS_PER_MONTH * 30, D(150), 256, init_ms=D(1000)), read_units=D(8)),
-    Scheduled(Invocation("usage_export", DAYS_PER_MONTH, D(60_000), 512, init_ms=D(1000)),
-              read_units_per_turn=DAYS_PER_MONTH / 2 * 512 / 4096 / 2),
-)
-
-
-@dataclass(frozen=True)
-class Scenario:
-    registered_users: int = 1_000_000
-    active_share: Decimal = field(default=D("0.05"))
-    turns_per_active_user: int = 20
-    connections_per_active_user: Decimal = field(default=D(4))  # WebSocket sessions a month
-    minutes_per_connection: Decimal = field(default=D("7.5"))  # 30 connection-minutes per active user a month
-    cold_start_share: Decimal = field(default=D("0.01"))  # invocations that start a new execution environment
-    retained_months: int = 12  # conversations kept in DynamoDB: the table after a year of this traffic
-    event_ttl_hours: Decimal = field(default=D(48))  # event-log items expire (DynamoDB TTL, free deletes)
-    log_retention_days: Decimal = field(default=D(14))  # template.yaml LogRetentionDays
-    secrets: int = 1  # the LLM key in Secrets Manager
-    schedules: tuple[Scheduled, ...] = SCHEDULES
-
-    @property
-    def active_users(self) -> Decimal:
-        return self.registered_users * self.active_share
-
-    @property
-    def turns(self) -> Decimal:
-        return self.active_users * self.turns_per_active_user
-
-    @property
-    def connections(self) -> Decimal:
-        return self.active_users * self.connections_per_active_user
-
-
-# ---- the bill ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LineItem:
+class Line:
     service: str
     item: str
     quantity: Decimal
     price: Price
+    tier: str | None = None
 
     @property
     def cost(self) -> Decimal:
         return self.price.cost(self.quantity)
 
-
-@dataclass(frozen=True)
-class CostBreakdown:
-    scenario: Scenario
-    counts: TurnCounts
-    items: tuple[LineItem, ...]
-
-    @property
-    def total(self) -> Decimal:
-        return sum((i.cost for i in self.items), D(0))
-
-    @property
-    def per_turn(self) -> Decimal:
-        return self.total / self.scenario.turns if self.scenario.turns else D(0)
-
-    def top(self, n: int) -> list[LineItem]:
-        return sorted(self.items, key=lambda i: i.cost, reverse=True)[:n]
-
-    def free_tier(self) -> dict[str, Decimal]:
-        """What the free tier would take off, by kind (lines sharing a price share its allowance)."""
-        used: dict[str, tuple[Price, Decimal]] = {}
-        for i in self.items:
-            p, q = used.get(i.price.name, (i.price, D(0)))
-            used[i.price.name] = (p, q + i.quantity)
-        out: dict[str, Decimal] = {}
-        for p, q in used.values():
-            if p.free_tier:
-                out[p.free_tier_kind] = out.get(p.free_tier_kind, D(0)) + p.cost(min(q, p.free_tier))
+    def as_json(self) -> dict[str, str]:
+        out = {"service": self.service, "item": self.item, "quantity": str(self.quantity), "unit": self.price.unit,
+               "unit_price_usd": str(self.price.unit_price), "monthly_usd": str(self.cost)}
+        if self.tier:
+            out["tier"] = self.tier
         return out
 
 
-def monthly_cost(counts: TurnCounts, scenario: Scenario, prices: Prices = US_EAST_1) -> CostBreakdown:
-    """The monthly bill: one line per billed quantity, exact (no rounding)."""
-    turns, conns = scenario.turns, scenario.connections
-    conn = counts.per_connection
-    runs = [(inv, turns * inv.count) for inv in counts.invocations]
-    runs += [(inv, conns * inv.count) for inv in conn.invocations]
-    runs += [(job.invocation, job.invocation.count) for job in scenario.schedules]
-    scheduled_reads = sum((job.invocation.count * job.read_units + turns * job.read_units_per_turn
-                           for job in scenario.schedules), D(0))
-    invocations = sum((n for _inv, n in runs), D(0))
-    cold = [(inv, n * scenario.cold_start_share) for inv, n in runs]
-
-    by_function: dict[str, tuple[Invocation, Decimal]] = {}
-    for inv, n in runs:
-        first, total = by_function.get(inv.function, (inv, D(0)))
-        by_function[inv.function] = (first, total + inv.gb_s(n))
-    init_gb_s = sum((n * inv.memory_mb / MB_PER_GB * inv.init_ms / 1000 for inv, n in cold), D(0))
-    snap = {inv.function: inv for inv, _n in runs if inv.snapstart}
-    restored_gb = sum((n * inv.memory_mb / MB_PER_GB for inv, n in cold if inv.snapstart), D(0))
-    cached_gb_s = sum((D(inv.memory_mb) / MB_PER_GB * HOURS_PER_MONTH * 3600 for inv in snap.values()), D(0))
-    secret_calls = sum((n for inv, n in cold if inv.function == "chat_turn"), D(0))
-
-    stored_gb = (turns * scenario.retained_months * counts.stored_bytes
-                 + turns * scenario.event_ttl_hours / HOURS_PER_MONTH * counts.event_bytes) / GIB
-    log_gb = (turns * counts.log_bytes + invocations * counts.platform_log_bytes) / GIB
-
-    p = prices
-    items = [
-        LineItem("API Gateway", "WebSocket messages (per 32 KB)",
-                 turns * (counts.inbound_frames + counts.outbound_32kb_units)
-                 + conns * (conn.inbound_frames + conn.outbound_frames), p.ws_message),
-        LineItem("API Gateway", "WebSocket connection minutes", conns * scenario.minutes_per_connection,
-                 p.ws_connection_minute),
-        LineItem("Lambda", "requests", invocations, p.lambda_request),
-        *(LineItem("Lambda", f"{name} duration ({inv.memory_mb} MB × {inv.duration_ms} ms)", gb_s, p.lambda_gb_s)
-          for name, (inv, gb_s) in by_function.items()),
-        LineItem("Lambda", f"INIT of cold starts ({scenario.cold_start_share:.0%} of invocations)", init_gb_s,
-                 p.lambda_gb_s),
-        LineItem("Lambda", f"SnapStart cache ({', '.join(snap) or 'none'})", cached_gb_s, p.snapstart_cache_gb_s),
-        LineItem("Lambda", "SnapStart restores (cold starts)", restored_gb, p.snapstart_restore_gb),
-        LineItem("DynamoDB", "write request units", turns * counts.ddb_write_units + conns * conn.ddb_write_units,
-                 p.ddb_write_unit),
-        LineItem("DynamoDB", "read request units",
-                 turns * counts.ddb_read_units + conns * conn.ddb_read_units + scheduled_reads, p.ddb_read_unit),
-        LineItem("DynamoDB", f"storage ({scenario.retained_months} months of turns)", stored_gb,
-                 p.ddb_storage_gb_month),
-        LineItem("DynamoDB", "point-in-time recovery", stored_gb, p.ddb_pitr_gb_month),
-        LineItem("CloudWatch Logs", "ingestion", log_gb, p.logs_ingest_gb),
-        LineItem("CloudWatch Logs", f"storage ({scenario.log_retention_days} days)",
-                 log_gb * scenario.log_retention_days / DAYS_PER_MONTH, p.logs_storage_gb_month),
-        LineItem("S3", "PUT requests", turns * counts.s3_put_requests, p.s3_put),
-        LineItem("S3", "GET requests", turns * counts.s3_get_requests, p.s3_get),
-        LineItem("S3", "storage", turns * counts.s3_stored_bytes / GIB, p.s3_storage_gb_month),
-        LineItem("Data transfer", "out to the internet", turns * counts.egress_bytes / GIB, p.transfer_out_gb),
-        LineItem("Secrets Manager", "LLM key", D(scenario.secrets), p.secret_month),
-        LineItem("Secrets Manager", "GetSecretValue (chat_turn cold starts)", secret_calls, p.secret_api_call),
-    ]
-    return CostBreakdown(scenario, counts, tuple(items))
-
-
-# ---- always-on comparison ------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
-class AlwaysOn:
-    name: str
-    items: tuple[LineItem, ...]
+class Model:
+    counts: Counts
+    a: Assumptions
+    p: Prices = US_EAST_1
 
     @property
-    def total(self) -> Decimal:
-        return sum((i.cost for i in self.items), D(0))
+    def chat_turn_mb(self) -> int:
+        return self.counts.chat_turn_memory_mb or self.a.chat_turn_memory_mb
+
+    def turn_seconds(self, t: TierCounts) -> Decimal:
+        """A turn's billed wall time: the assumed LLM wait + what the bench measured around its reply."""
+        return self.a.llm_seconds + max(D(0), t.turn_seconds - self.counts.scripted_reply_s)
+
+    # ---- per turn ----------------------------------------------------------------------------------
+
+    def turn_lines(self, t: TierCounts, n: Decimal) -> list[Line]:
+        """The bill of `n` pure-chat turns on tier `t` (everything that scales with turns)."""
+        a, p, tier = self.a, self.p, t.tier
+        out_frames = (1 - a.batched_share) * t.frames_stock + a.batched_share * t.frames_batched
+        lines = [Line("API Gateway", "WebSocket messages (turns)",
+                      n * (t.inbound_frames + out_frames + t.extra_32kb_units), p.ws_message, tier)]
+        init_gb_s = restored_gb = secret_calls = D(0)
+        for fn, per_turn in sorted(t.lambda_invocations.items()):
+            calls = n * per_turn
+            if fn == "chat_turn":
+                ms, mb = self.turn_seconds(t) * 1000, self.chat_turn_mb
+            else:
+                ms, mb = (a.ws_default_ms if fn == "ws_default" else D(100)), a.function_memory_mb
+            lines.append(Line("Lambda", f"{fn} requests", calls, p.lambda_request, tier))
+            lines.append(Line("Lambda", f"{fn} duration ({mb} MB × {ms:.0f} ms)", calls * mb / MB_PER_GB * ms / 1000,
+                              p.lambda_gb_s, tier))
+            cold = calls * a.cold_start_share
+            if fn == "chat_turn" and a.snapstart:
+                restored_gb += cold * mb / MB_PER_GB
+            else:
+                init_gb_s += cold * mb / MB_PER_GB * a.init_ms / 1000
+            if fn == "chat_turn":
+                secret_calls += cold
+        log_bytes = n * (a.log_line_bytes + a.emf_bytes_per_turn + 3 * a.log_event_overhead)
+        lines += [
+            Line("Lambda", f"INIT of cold starts ({a.cold_start_share:.0%})", init_gb_s, p.lambda_gb_s, tier),
+            Line("Lambda", "SnapStart restores (chat_turn cold starts)", restored_gb, p.snapstart_restore_gb, tier),
+            Line("DynamoDB", "write request units (turns)", n * t.ddb_write_units, p.ddb_write_unit, tier),
+            Line("DynamoDB", "read request units (turns)", n * t.ddb_read_units, p.ddb_read_unit, tier),
+            Line("SQS", "requests (send, receive, delete)", n * t.sqs_requests, p.sqs_request, tier),
+            Line("S3", "PUT requests (turns)", n * t.s3_put_requests, p.s3_put, tier),
+            Line("S3", "GET requests (turns)", n * t.s3_get_requests, p.s3_get, tier),
+            Line("CloudWatch Logs", "ingestion (app line + EMF per turn)", log_bytes / GIB, p.logs_ingest_gb, tier),
+            Line("CloudWatch Logs", f"storage ({a.log_retention_days} days)",
+                 log_bytes / GIB * a.log_retention_days / DAYS_PER_MONTH, p.logs_storage_gb_month, tier),
+            Line("Data transfer", "out to the internet", n * (t.bytes_out or a.default_bytes_out) / GIB,
+                 p.transfer_out_gb, tier),
+            Line("Secrets Manager", "GetSecretValue (chat_turn cold starts)", secret_calls, p.secret_api_call, tier),
+        ]
+        return [line for line in lines if line.quantity]
+
+    def per_turn(self, t: TierCounts) -> Decimal:
+        return sum((line.cost for line in self.turn_lines(t, D(1))), D(0))
+
+    # ---- the host tier -----------------------------------------------------------------------------
+
+    @property
+    def task_capacity(self) -> Decimal:
+        return min(self.counts.host.concurrent_turns_at_70pct, self.a.host_capacity)
+
+    def task_hour_lines(self, hours: Decimal) -> list[Line]:
+        h, p, a = self.counts.host, self.p, self.a
+        return [line for line in (
+            Line("Fargate", f"turn host vCPU ({h.vcpu} vCPU, arm64)", hours * h.vcpu, p.fargate_arm_vcpu_hour, "host"),
+            Line("Fargate", f"turn host memory ({h.memory_mb / MB_PER_GB} GB)", hours * h.memory_mb / MB_PER_GB,
+                 p.fargate_arm_gb_hour, "host"),
+            Line("VPC", "public IPv4 (one per task)", hours, p.public_ipv4_hour, "host"),
+            Line("DynamoDB", "write request units (host heartbeats)", hours * 3600 / a.heartbeat_s, p.ddb_write_unit,
+                 "host"),
+            Line("SQS", "long-poll receives of idle hosts (upper bound)", hours * a.idle_receives_per_hour,
+                 p.sqs_request, "host"),
+        ) if line.quantity]
+
+    def task_hour_usd(self) -> Decimal:
+        """What one running task costs an hour, its idle polls left out (a busy host receives turns)."""
+        return sum((line.cost for line in self.task_hour_lines(D(1)) if "idle" not in line.item), D(0))
+
+    def plan(self, s: Scenario) -> dict[str, Any]:
+        """Which tier runs each hour of the day curve, tasks per hour, turns per tier (the scheduler's rule:
+        a host takes turns when one runs; hosts start when chat_turn's concurrency reaches the scale-out
+        threshold, after a lag, and go 15 minutes after their traffic)."""
+        a = self.a
+        lam_s, host_s = self.turn_seconds(self.counts.lambda_tier), self.turn_seconds(self.counts.host_tier)
+        curve, curve_total = a.day_curve, D(sum(a.day_curve))
+        per_hour = [s.turns * w / curve_total / DAYS_PER_MONTH for w in curve]  # turns in hour h of a day
+        tasks = []
+        for turns in per_hour:
+            on = a.host_tier and turns and turns * lam_s / 3600 >= a.scale_out_concurrency
+            tasks.append(math.ceil(turns * host_s / 3600 * a.within_hour_peak / self.task_capacity) if on else 0)
+        host_weight = task_hours = D(0)  # host_weight: the day's turns on hosts, in day-curve units
+        lambda_hours = 0
+        for h, (w, n) in enumerate(zip(curve, tasks, strict=True)):
+            prev = tasks[h - 1]
+            task_hours += n + max(0, prev - n) * a.scale_in_delay_min / 60
+            on_host = D(w) * (1 - a.scale_out_lag_min / 60) if n and not prev else D(w if n else 0)
+            host_weight += on_host
+            lambda_hours += bool(s.turns and w - on_host)
+        host_turns = s.turns * host_weight / curve_total
+        return {"tasks_by_hour": tasks, "task_hours": task_hours * DAYS_PER_MONTH, "host_turns": host_turns,
+                "lambda_turns": s.turns - host_turns, "host_hours_share": D(sum(1 for n in tasks if n)) / 24,
+                "lambda_hours_share": D(lambda_hours) / 24}
+
+    # ---- the month ---------------------------------------------------------------------------------
+
+    def scenario_lines(self, s: Scenario) -> tuple[list[Line], dict[str, Any]]:
+        c = self.counts
+        plan = self.plan(s)
+        lines: list[Line] = []
+        if plan["lambda_turns"]:
+            lines += self.turn_lines(c.lambda_tier, plan["lambda_turns"])
+        if plan["host_turns"]:
+            lines += self.turn_lines(c.host_tier, plan["host_turns"])
+        lines += self.task_hour_lines(plan["task_hours"])
+        lines += self._connection_lines(s)
+        lines += self._schedule_lines(s)
+        storage, growth = self._storage_lines(s)
+        lines += storage
+        lines += self._fixed_lines(plan)
+        return [line for line in lines if line.quantity], {**plan, "archive_growth_gb": growth}
+
+    def _connection_lines(self, s: Scenario) -> list[Line]:
+        a, p, n = self.a, self.p, s.sessions
+        mb = D(a.function_memory_mb) / MB_PER_GB
+        calls = {"ws_connect": (n, a.ws_connect_ms), "ws_disconnect": (n, a.ws_disconnect_ms),
+                 "ws_default": (n * a.per_connection_ws_default, a.ws_default_ms)}
+        lines = [Line("API Gateway", "WebSocket messages (connections)", n * a.per_connection_frames, p.ws_message),
+                 Line("API Gateway", f"connection minutes ({s.minutes_per_connection} a connection)",
+                      n * s.minutes_per_connection, p.ws_connection_minute)]
+        for fn, (k, ms) in calls.items():
+            lines.append(Line("Lambda", f"{fn} requests (connections)", k, p.lambda_request))
+            lines.append(Line("Lambda", f"{fn} duration (connections, {a.function_memory_mb} MB × {ms} ms)",
+                              k * mb * ms / 1000, p.lambda_gb_s))
+        cold = sum((k for k, _ms in calls.values()), D(0)) * a.cold_start_share
+        lines += [Line("Lambda", "INIT of cold starts (connections)", cold * mb * a.init_ms / 1000, p.lambda_gb_s),
+                  Line("DynamoDB", "write request units (connections)", n * a.per_connection_wru, p.ddb_write_unit),
+                  Line("DynamoDB", "read request units (connections)", n * a.per_connection_rru, p.ddb_read_unit)]
+        return lines
+
+    def _schedule_lines(self, s: Scenario) -> list[Line]:
+        a, p = self.a, self.p
+        fmb = D(a.function_memory_mb) / MB_PER_GB
+        records = s.turns / 2  # a daily run reads the month to date: half a month on average
+        export_ms = a.export_ms_base + a.export_ms_per_record * records
+        puts = s.sessions * a.archive_puts_per_session
+        archive_runs = a.archive_runs if s.turns else D(0)
+        sweep_logs = a.sweep_runs * (a.emf_bytes_per_sweep + a.log_event_overhead) / GIB
+        return [
+            Line("Lambda", "turn_sweep requests (every 2 minutes)", a.sweep_runs, p.lambda_request),
+            Line("Lambda", f"turn_sweep duration ({a.function_memory_mb} MB × {a.sweep_ms} ms)",
+                 a.sweep_runs * fmb * a.sweep_ms / 1000, p.lambda_gb_s),
+            Line("DynamoDB", "read request units (turn_sweep)", a.sweep_runs * a.sweep_rru, p.ddb_read_unit),
+            Line("CloudWatch Logs", "ingestion (turn_sweep EMF)", sweep_logs, p.logs_ingest_gb),
+            Line("Lambda", "usage_export requests (daily)", a.export_runs, p.lambda_request),
+            Line("Lambda", f"usage_export duration ({a.export_memory_mb} MB × {export_ms:.0f} ms)",
+                 a.export_runs * D(a.export_memory_mb) / MB_PER_GB * export_ms / 1000, p.lambda_gb_s),
+            Line("DynamoDB", "read request units (usage_export)",
+                 a.export_runs * records * a.usage_record_bytes / 4096 / 2, p.ddb_read_unit),
+            Line("Lambda", "history_archive requests (300 s stream batches)", archive_runs, p.lambda_request),
+            Line("Lambda", f"history_archive duration ({a.function_memory_mb} MB)",
+                 (archive_runs * a.archive_ms_base + puts * a.archive_ms_per_put) / 1000 * fmb, p.lambda_gb_s),
+            Line("S3", f"archive PUTs ({a.archive_puts_per_session} per session)", puts, p.s3_put),
+        ]
+
+    def _storage_lines(self, s: Scenario) -> tuple[list[Line], list[dict[str, str]]]:
+        a, p = self.a, self.p
+        hot_months = (a.history_hot_days + a.ttl_lag_days) / DAYS_PER_MONTH if a.history_hot_days else a.archive_months
+        history_gb = s.turns * hot_months * a.stored_bytes_per_turn / GIB
+        events_gb = s.turns * a.event_ttl_hours / HOURS_PER_MONTH * a.event_bytes_per_turn / GIB
+        usage_gb = s.turns * a.usage_months_kept * a.usage_record_bytes / GIB
+        table_gb = history_gb + events_gb + usage_gb
+        object_bytes = (s.turns / s.sessions * a.archive_bytes_per_turn / a.archive_puts_per_session
+                        if s.sessions else D(0))
+        transitions = object_bytes >= a.glacier_min_object_bytes
+        glacier_after = a.glacier_after_days / DAYS_PER_MONTH
+        growth = []
+        standard = glacier = D(0)
+        for month in range(1, int(a.archive_months) + 1):
+            archived = max(D(0), month - hot_months) if a.history_hot_days else D(0)
+            glacier = max(D(0), archived - glacier_after) if transitions else D(0)
+            standard = (archived - glacier) * s.turns * a.archive_bytes_per_turn / GIB
+            glacier = glacier * s.turns * a.archive_bytes_per_turn / GIB
+            growth.append({"month": str(month), "standard_gb": f"{standard:.3f}", "glacier_ir_gb": f"{glacier:.3f}"})
+        objects = s.sessions * a.archive_puts_per_session if transitions else D(0)
+        lines = [
+            Line("DynamoDB", f"storage: history ({a.history_hot_days} hot days + TTL lag)", history_gb,
+                 p.ddb_storage_gb_month),
+            Line("DynamoDB", f"storage: event log ({a.event_ttl_hours} h)", events_gb, p.ddb_storage_gb_month),
+            Line("DynamoDB", f"storage: usage records ({a.usage_months_kept} months)", usage_gb,
+                 p.ddb_storage_gb_month),
+            Line("DynamoDB", "point-in-time recovery", table_gb if a.pitr else D(0), p.ddb_pitr_gb_month),
+            Line("S3", f"archive storage, Standard (month {a.archive_months})", standard, p.s3_storage_gb_month),
+            Line("S3", f"archive storage, Glacier IR (month {a.archive_months})", glacier, p.s3_glacier_ir_gb_month),
+            Line("S3", "lifecycle transitions to Glacier IR", objects, p.s3_transition_glacier_ir),
+        ]
+        return lines, growth
+
+    def _fixed_lines(self, plan: dict[str, Any]) -> list[Line]:
+        a, p = self.a, self.p
+        cache = (D(a.snapstart_versions) * self.chat_turn_mb / MB_PER_GB * HOURS_PER_MONTH * 3600
+                 if a.snapstart else D(0))
+        return [
+            Line("Lambda", f"SnapStart cache (chat_turn {self.chat_turn_mb} MB × {a.snapstart_versions} version)",
+                 cache, p.snapstart_cache_gb_s),
+            Line("CloudWatch", "custom metrics (EMF, metric × dimension combinations)", self.metric_months(plan),
+                 p.custom_metric_month),
+            Line("CloudWatch", "alarms (turn-host scaling)", D(a.alarms) if a.host_tier else D(0), p.alarm_month),
+            Line("Secrets Manager", "LLM key", D(a.secrets), p.secret_month),
+            Line("ECR", "turn-host image storage", a.ecr_image_gb if a.host_tier else D(0), p.ecr_storage_gb_month),
+        ]
+
+    def metric_months(self, plan: dict[str, Any]) -> Decimal:
+        """Custom metrics billed in the month: each combination × the share of hours it gets data."""
+        busy = D(1) if plan["host_turns"] or plan["lambda_turns"] else D(0)
+        share = {"tier": plan["lambda_hours_share"] + plan["host_hours_share"], "connections": busy, "api": busy,
+                 "sweep": D(1), "export": self.a.export_runs / HOURS_PER_MONTH}
+        return sum((D(self.a.model_families if combos < 0 else combos) * share[kind]
+                    for _fn, _name, combos, kind in METRICS), D(0))
+
+    # ---- crossover, goals, the whole answer --------------------------------------------------------
+
+    def crossover(self) -> dict[str, Any]:
+        lam, host = self.counts.lambda_tier, self.counts.host_tier
+        saved = self.per_turn(lam) - self.per_turn(host)
+        task_hour = self.task_hour_usd()
+        turn_s = self.turn_seconds(host)
+        if saved <= 0:
+            return {"turns_per_month": None, "concurrent_turns": None, "scale_out_concurrency":
+                    str(self.a.scale_out_concurrency), "threshold_ok": False,
+                    "why": "a turn costs no more on Lambda than on a host: the host tier never pays for itself"}
+        concurrent = task_hour * turn_s / (3600 * saved)
+        turns = task_hour * HOURS_PER_MONTH / saved
+        ok = self.a.scale_out_concurrency >= concurrent
+        cpu_per_turn = D("0.7") / self.counts.host.concurrent_turns_at_70pct  # of the task's vCPUs
+        held_at_scale_in = (self.a.scale_in_cpu / cpu_per_turn).to_integral_value(rounding="ROUND_FLOOR")
+        return {
+            "scale_in_check": {
+                "scale_in_cpu": str(self.a.scale_in_cpu), "cpu_per_turn": str(cpu_per_turn.quantize(D("0.00001"))),
+                "turns_held_at_scale_in": str(held_at_scale_in),
+                "why": (f"a turn uses {cpu_per_turn:.2%} of a task's CPU, so a scale-in rule at CPU < "
+                        f"{self.a.scale_in_cpu:.0%} stops a task still holding up to {held_at_scale_in} turns; "
+                        + ("those spill to Lambda, reach the scale-out threshold again and start a task: the "
+                           "tier cycles (up ~15 min, down ~3 min) at every load below that. Scale in on the "
+                           "hosts' running turns (below the crossover) instead."
+                           if held_at_scale_in >= self.a.scale_out_concurrency else
+                           "below the scale-out threshold: no cycling."))},
+            "turns_per_month": str(turns.quantize(D(1))), "concurrent_turns": str(concurrent.quantize(D("0.01"))),
+            "scale_out_concurrency": str(self.a.scale_out_concurrency), "threshold_ok": ok,
+            "why": (f"one task costs ${task_hour.quantize(D('0.00001'))} an hour; each turn it takes saves "
+                    f"${saved.quantize(D('0.0000001'))} (Lambda tier minus host tier, per turn), so it pays for "
+                    f"itself from {concurrent:.2f} concurrent turns of {turn_s:.2f} s = {turns:,.0f} turns a month "
+                    f"of flat traffic; the scale-out threshold ({self.a.scale_out_concurrency} concurrent chat_turn "
+                    + ("executions) is at or above it: a host started by it pays for itself" if ok else
+                       "executions) is below it: hosts start before they pay for themselves")),
+        }
+
+    def totals(self) -> dict[str, Decimal]:
+        return {s.name: sum((line.cost for line in self.scenario_lines(s)[0]), D(0)) for s in SCENARIOS}
+
+    def levers(self) -> dict[str, dict[str, str]]:
+        """The month totals with one assumption changed (the design levers and the unknowns)."""
+        a, c = self.a, self.counts
+        variants = {
+            "every client on batched frames (batched_share 1)": (c, replace(a, batched_share=D(1))),
+            "chat_turn at 512 MB": (replace(c, chat_turn_memory_mb=512), a),
+            "chat_turn at 128 MB": (replace(c, chat_turn_memory_mb=128), a),
+            "one more SnapStart version kept": (c, replace(a, snapstart_versions=a.snapstart_versions + 1)),
+            "PITR off": (c, replace(a, pitr=False)),
+            "usage records kept 2 months, not 12": (c, replace(a, usage_months_kept=D(2))),
+            "LLM wait 20 s, not 10": (c, replace(a, llm_seconds=a.llm_seconds * 2)),
+            "no turn-host tier (Lambda only)": (c, replace(a, host_tier=False)),
+        }
+        return {name: {k: str(v.quantize(D("0.01"))) for k, v in Model(vc, va, self.p).totals().items()}
+                for name, (vc, va) in variants.items()}
+
+    def result(self) -> dict[str, Any]:
+        scenarios: dict[str, Any] = {}
+        totals: dict[str, Decimal] = {}
+        for s in SCENARIOS:
+            lines, plan = self.scenario_lines(s)
+            total = sum((line.cost for line in lines), D(0))
+            totals[s.name] = total
+            scenarios[s.name] = {
+                "turns": int(s.turns), "monthly_usd": str(total),
+                "per_turn_usd": str(total / s.turns) if s.turns else "0", "why": s.why,
+                "host_turns": str(plan["host_turns"]), "lambda_turns": str(plan["lambda_turns"]),
+                "task_hours": str(plan["task_hours"]), "tasks_by_hour": plan["tasks_by_hour"],
+                "archive_growth_gb": plan["archive_growth_gb"],
+                "line_items": [line.as_json() for line in lines]}
+        goal_name, goal_per_turn = PER_TURN_GOAL
+        goals = {name: {"limit_usd": str(limit), "monthly_usd": str(totals[name]), "met": totals[name] <= limit}
+                 for name, limit in GOALS.items()}
+        per_turn = totals[goal_name] / D(scenarios[goal_name]["turns"])
+        goals[f"per_turn_{goal_name}"] = {"limit_usd": str(goal_per_turn), "per_turn_usd": str(per_turn),
+                                          "met": per_turn <= goal_per_turn}
+        c = self.counts
+        return {
+            "scenarios": scenarios,
+            "tiers": {
+                "lambda": {"per_turn_usd": str(self.per_turn(c.lambda_tier)), "chat_turn_memory_mb": self.chat_turn_mb,
+                           "turn_seconds": str(self.turn_seconds(c.lambda_tier))},
+                "host": {"per_turn_usd": str(self.per_turn(c.host_tier)),
+                         "task_hour_usd": str(self.task_hour_usd()),
+                         "task_month_usd": str(self.task_hour_usd() * HOURS_PER_MONTH),
+                         "turns_per_task": str(self.task_capacity),
+                         "per_turn_at_capacity_usd": str(self.per_turn(c.host_tier) + self.task_hour_usd()
+                                                         * self.turn_seconds(c.host_tier) / 3600 / self.task_capacity),
+                         "turn_seconds": str(self.turn_seconds(c.host_tier))}},
+            "crossover": self.crossover(),
+            "goals": goals,
+            "levers": self.levers(),
+            "assumptions": {**self.a.why(), "length_weights": "turn 1: 0.25, 20: 0.5, 100: 0.25 of a month's turns",
+                            "stream_reads": "the archive's DynamoDB Stream reads: free for a Lambda trigger",
+                            "free_tier": "not subtracted anywhere"},
+            "counts": {"file": c.file, "model": c.model, "lambda_source": c.lambda_tier.source,
+                       "host_source": c.host_tier.source, "host_figures": c.host.source,
+                       "chat_turn_memory_mb": self.chat_turn_mb, "measured": c.measured},
+        }
 
 
-def always_on(prices: Prices = US_EAST_1) -> list[AlwaysOn]:
-    """The compute and front door of `avm serve` run 24/7 instead of API Gateway + Lambda: two of
-    everything for two availability zones, in public subnets (no NAT gateway), one ALB at one LCU.
-    DynamoDB, logs, egress and the secret are the same in both designs and left out."""
-    h = HOURS_PER_MONTH
-    alb = (LineItem("ELB", "ALB", h, prices.alb_hour), LineItem("ELB", "ALB LCU (1 average)", h, prices.alb_lcu_hour),
-           LineItem("VPC", "public IPv4: ALB (2 AZ)", 2 * h, prices.public_ipv4_hour))
-    return [
-        AlwaysOn("2 × EC2 t4g.small + ALB",
-                 (LineItem("EC2", "2 × t4g.small", 2 * h, prices.ec2_t4g_small_hour),
-                  LineItem("VPC", "public IPv4: 2 instances", 2 * h, prices.public_ipv4_hour), *alb)),
-        AlwaysOn("2 × Fargate ARM task (0.5 vCPU, 1 GB) + ALB",
-                 (LineItem("Fargate", "2 × 0.5 vCPU", h, prices.fargate_arm_vcpu_hour),
-                  LineItem("Fargate", "2 × 1 GB", 2 * h, prices.fargate_arm_gb_hour),
-                  LineItem("VPC", "public IPv4: 2 tasks", 2 * h, prices.public_ipv4_hour), *alb)),
-    ]
+# ---- output --------------------------------------------------------------------------------------
 
 
-SERVERLESS_FRONT_AND_COMPUTE = ("API Gateway", "Lambda")
-
-
-def front_and_compute(b: CostBreakdown) -> Decimal:
-    return sum((i.cost for i in b.items if i.service in SERVERLESS_FRONT_AND_COMPUTE), D(0))
-
-
-# ---- counts: assumed, or read from the AWS-calls benchmark ---------------------------------------
-
-
-def _ws_default(count: Decimal) -> Invocation:
-    # store the message and the queued turn, take and release the lease, two posts, async-invoke chat_turn
-    return Invocation("ws_default", count, D(150), 256, init_ms=D(1000))
-
-
-def _chat_turn(count: Decimal, memory_mb: int = 512) -> Invocation:
-    # waits on the LLM stream (~10 s for a 100-delta reply) + lease, history, checkpoint, recheck (~0.5 s)
-    return Invocation("chat_turn", count, D(10_500), memory_mb, snapstart=True)
-
-
-ASSUMED_CONNECTION = ConnectionCounts(
-    inbound_frames=D(2), outbound_frames=D(2),  # subscribe + one list/history request, and their answers
-    invocations=(Invocation("ws_connect", D(1), D(60), 256, init_ms=D(1000)), _ws_default(D(2)),
-                 Invocation("ws_disconnect", D(1), D(60), 256, init_ms=D(1000))),
-    # $connect: key lookup + connection put; subscribe: session read + subscription put; history: 2 RRU;
-    # $disconnect: connection read, subscriptions query, 3 deletes
-    ddb_write_units=D(5), ddb_read_units=D(6))
-
-# Per pure-chat turn (a 10 s, 100-delta reply), until the AWS-calls benchmark measures them.
-ASSUMED: dict[int, TurnCounts] = {
-    flush: TurnCounts(source=f"assumed (flushMs={flush})", inbound_frames=D(1), outbound_frames=D(posts),
-                      outbound_32kb_units=D(posts), ddb_write_units=D(wru), ddb_read_units=D(rru),
-                      invocations=(_ws_default(D(1)), _chat_turn(D(1))), per_connection=ASSUMED_CONNECTION)
-    for flush, posts, wru, rru in ((0, 101, 12, 9), (250, 25, 14, 10))
-}
-DEFAULT_FLUSH_MS = 250  # template.yaml StreamFlushMs
-
-
-def counts_from_measurement(m: Mapping[str, Any], source: str, base: TurnCounts) -> TurnCounts:
-    """Measured per-turn counts over `base`'s assumptions (durations, sizes, per connection)."""
-
-    def num(key: str) -> Decimal:
-        return D(str(m[key]))
-
-    known = {inv.function: inv for inv in base.invocations}
-    invocations = tuple(replace(known[f], count=D(str(n))) if f in known
-                        else Invocation(f, D(str(n)), D(100), 256, init_ms=D(1000))
-                        for f, n in sorted(m["lambda_invocations"].items()))
-    posts = num("post_to_connection")
-    return replace(base, source=source, inbound_frames=num("inbound_frames"), outbound_frames=posts,
-                   outbound_32kb_units=D(str(m.get("post_units_32kb", posts))),
-                   ddb_write_units=num("ddb_write_units"), ddb_read_units=num("ddb_read_units"),
-                   s3_put_requests=D(str(m.get("s3_put_requests", 0))),
-                   s3_get_requests=D(str(m.get("s3_get_requests", 0))), invocations=invocations)
-
-
-def load_counts(path: Path) -> dict[int, TurnCounts]:
-    """Every flush window of an AWS-calls benchmark file, by flushMs."""
-    data = json.loads(path.read_text())
-    out = {}
-    for key, m in data["flush_ms"].items():
-        flush = int(key)
-        base = ASSUMED.get(flush, ASSUMED[DEFAULT_FLUSH_MS])
-        out[flush] = counts_from_measurement(m, f"measured: {path.name}, flushMs={flush}", base)
-    return out
-
-
-def with_chat_turn_memory(counts: TurnCounts, memory_mb: int) -> TurnCounts:
-    return replace(counts, invocations=tuple(replace(i, memory_mb=memory_mb) if i.function == "chat_turn" else i
-                                             for i in counts.invocations))
-
-
-# ---- report --------------------------------------------------------------------------------------
-
-
-def usd(v: Decimal, places: str = "0.01") -> str:
-    return f"${v.quantize(D(places), rounding=ROUND_HALF_UP):,}"
+def usd(v: Decimal | str, places: str = "0.01") -> str:
+    return f"${D(v).quantize(D(places), rounding=ROUND_HALF_UP):,}"
 
 
 def qty(v: Decimal) -> str:
@@ -476,8 +401,7 @@ def qty(v: Decimal) -> str:
     return f"{v:,.2f}" if abs(v) >= 1 else f"{v:.4f}"
 
 
-def table(rows: Iterable[tuple[str, ...]], right: Iterable[int]) -> str:
-    rows = list(rows)
+def table(rows: Sequence[tuple[str, ...]], right: Iterable[int]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     r_cols = set(right)
     lines = ["  ".join(c.rjust(w) if i in r_cols else c.ljust(w)
@@ -486,91 +410,76 @@ def table(rows: Iterable[tuple[str, ...]], right: Iterable[int]) -> str:
     return "\n".join(lines)
 
 
-def render(b: CostBreakdown) -> str:
-    s = b.scenario
-    rows = [("service", "line item", "quantity", "unit", "unit price", "monthly")]
-    rows += [(i.service, i.item, qty(i.quantity), i.price.unit, i.price.label(), usd(i.cost)) for i in b.items]
-    rows.append(("", "TOTAL", "", "", "", usd(b.total)))
-    free = b.free_tier()
-    top = ", ".join(f"{i.service} {i.item} {usd(i.cost)} ({i.cost / b.total:.0%})" for i in b.top(3))
-    return "\n".join([
-        f"Monthly AWS cost, us-east-1 — {s.registered_users:,} registered users, {s.active_share:.0%} active, "
-        f"{s.turns_per_active_user} turns each = {s.turns:,.0f} turns a month",
-        f"counts: {b.counts.source}",
-        table(rows, right=(2, 5)),
-        f"per turn: {usd(b.per_turn, '0.000001')} · top 3: {top}",
-        "free tier, NOT subtracted above: " + "; ".join(f"{k} {usd(v)}" for k, v in free.items()),
-    ])
+def render(r: dict[str, Any]) -> str:
+    out = [f"counts: {r['counts']['lambda_source']}; host tier: {r['counts']['host_source']}"]
+    for name, s in r["scenarios"].items():
+        rows = [("service", "line item", "tier", "quantity", "unit", "unit price", "monthly")]
+        rows += [(i["service"], i["item"], i.get("tier", ""), qty(D(i["quantity"])), i["unit"],
+                  f"${D(i['unit_price_usd']).normalize():f}", usd(i["monthly_usd"])) for i in s["line_items"]]
+        rows.append(("", "TOTAL", "", "", "", "", usd(s["monthly_usd"])))
+        out += ["", f"== {name}: {s['turns']:,} turns a month ({s['why']})",
+                f"   on hosts {qty(D(s['host_turns']))}, on Lambda {qty(D(s['lambda_turns']))}, "
+                f"task-hours {qty(D(s['task_hours']))}, tasks by hour of day {s['tasks_by_hour']}",
+                table(rows, right=(3, 6)), f"per turn: {usd(s['per_turn_usd'], '0.000001')}"]
+    t = r["tiers"]
+    out += ["", f"tiers: Lambda {usd(t['lambda']['per_turn_usd'], '0.0000001')} a turn "
+                f"(chat_turn {t['lambda']['chat_turn_memory_mb']} MB × {t['lambda']['turn_seconds']} s); host "
+                f"{usd(t['host']['per_turn_usd'], '0.0000001')} a turn + {usd(t['host']['task_hour_usd'], '0.00001')} "
+                f"a task-hour ({usd(t['host']['task_month_usd'])} a task-month, {t['host']['turns_per_task']} turns "
+                f"a task: {usd(t['host']['per_turn_at_capacity_usd'], '0.0000001')} a turn at capacity)",
+            f"crossover: {r['crossover']['why']}", f"scale in: {r['crossover']['scale_in_check']['why']}", ""]
+    levers: list[tuple[str, ...]] = [("lever (one change)", *r["scenarios"])]
+    levers.append(("as above", *(usd(s["monthly_usd"]) for s in r["scenarios"].values())))
+    levers += [(name, *(usd(v) for v in totals.values())) for name, totals in r["levers"].items()]
+    out += [table(levers, right=(1, 2, 3)), ""]
+    for name, g in r["goals"].items():
+        got = g.get("monthly_usd") or g["per_turn_usd"]
+        places = "0.01" if "monthly_usd" in g else "0.0000001"
+        out.append(f"goal {name}: {usd(got, places)} <= {usd(g['limit_usd'], places)}: "
+                   f"{'met' if g['met'] else 'MISSED'}")
+    return "\n".join(out)
 
 
-def sensitivity(counts_by_flush: Mapping[int, TurnCounts], scenario: Scenario, prices: Prices,
-                chosen_flush: int) -> str:
-    rows = [("flushMs", "chat_turn MB", "posts/turn", "monthly", "per turn")]
-    for flush, counts in sorted(counts_by_flush.items()):
-        for mb in (256, 512):
-            b = monthly_cost(with_chat_turn_memory(counts, mb), scenario, prices)
-            mark = " *" if flush == chosen_flush and mb == _memory(counts) else ""
-            rows.append((f"{flush}{mark}", str(mb), qty(counts.outbound_frames), usd(b.total),
-                         usd(b.per_turn, "0.000001")))
-    return table(rows, right=(1, 2, 3, 4))
-
-
-def _memory(counts: TurnCounts) -> int:
-    return next((i.memory_mb for i in counts.invocations if i.function == "chat_turn"), 0)
-
-
-def comparison(b: CostBreakdown, prices: Prices) -> str:
-    """API Gateway + Lambda against always-on alternatives, and the load at which they cost the same."""
-    ours = front_and_compute(b)
-    idle = front_and_compute(monthly_cost(b.counts, replace(b.scenario, active_share=D(0)), prices))
-    per_turn = (ours - idle) / b.scenario.turns
-    lines = [f"front door + compute: API Gateway + Lambda {usd(ours)} a month at this load, "
-             f"{usd(idle)} when idle (SnapStart cache)"]
-    for alt in always_on(prices):
-        crossover = (alt.total - idle) / per_turn if per_turn else D(0)
-        lines.append(f"  vs {alt.name}: {usd(alt.total)} a month, idle or not "
-                     f"(API Gateway + Lambda cost the same at {crossover:,.0f} turns a month)")
-    return "\n".join(lines)
-
-
-def as_json(b: CostBreakdown) -> dict[str, Any]:
-    return {"source": b.counts.source, "turns": str(b.scenario.turns), "total_usd": str(b.total),
-            "per_turn_usd": str(b.per_turn), "budget_usd": str(BUDGET_USD),
-            "free_tier_usd": {k: str(v) for k, v in b.free_tier().items()},
-            "items": [{"service": i.service, "item": i.item, "quantity": str(i.quantity), "unit": i.price.unit,
-                       "price": i.price.label(), "price_source": i.price.source, "price_as_of": i.price.as_of,
-                       "monthly_usd": str(i.cost)} for i in b.items]}
+def _on_off(v: str) -> bool:
+    if v not in ("on", "off"):
+        raise argparse.ArgumentTypeError("on or off")
+    return v == "on"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.cost_model", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--counts", type=Path, metavar="FILE", help="per-turn counts from the AWS-calls benchmark")
-    source.add_argument("--assume", action="store_true", help="use the labelled assumptions instead of a measurement")
-    parser.add_argument("--flush-ms", type=int, default=DEFAULT_FLUSH_MS, help="flush window to price (default 250)")
-    parser.add_argument("--chat-turn-memory", type=int, choices=(256, 512, 1024), default=512,
-                        help="chat_turn memory in MB (template default 512)")
-    parser.add_argument("--json", type=Path, help="also write the breakdown to this file")
+    parser.add_argument("--counts", type=Path, required=True, metavar="FILE", help="the AWS-calls bench's JSON")
+    parser.add_argument("--json", metavar="FILE", help="write the result as JSON to FILE ('-': stdout, no table)")
+    parser.add_argument("--flush-ms", default="250", help="old-schema files only: the flush window to read")
+    parser.add_argument("--chat-turn-memory", type=int, help="chat_turn MB (default: the counts' memory_mb, else 512)")
+    parser.add_argument("--batched-share", type=D, default=D(0), help="share of clients on batched frames (0..1)")
+    parser.add_argument("--snapstart-versions", type=int, default=1, help="published chat_turn versions kept")
+    parser.add_argument("--pitr", type=_on_off, default=True, help="point-in-time recovery on|off (default on)")
+    parser.add_argument("--llm-seconds", type=D, default=D(10), help="assumed LLM wait per turn (default 10)")
+    parser.add_argument("--scale-out-concurrency", type=D, default=D(2), help="TurnHostScaleOutConcurrency")
+    parser.add_argument("--host-tier", type=_on_off, default=True, help="the turn-host tier deployed on|off")
+    parser.add_argument("--usage-months", type=D, default=D(12), help="months of usage records in the table")
     args = parser.parse_args(argv)
-    by_flush = load_counts(args.counts) if args.counts else dict(ASSUMED)
-    if args.flush_ms not in by_flush:
-        parser.error(f"no counts for flushMs={args.flush_ms} (have: {', '.join(map(str, sorted(by_flush)))})")
-    by_flush = {f: with_chat_turn_memory(c, args.chat_turn_memory) for f, c in by_flush.items()}
-    scenario, prices = Scenario(), US_EAST_1
-    b = monthly_cost(by_flush[args.flush_ms], scenario, prices)
-    print(render(b))
-    print()
-    print("sensitivity (* = the table above):")
-    print(sensitivity(by_flush, scenario, prices, args.flush_ms))
-    print()
-    print(comparison(b, prices))
-    if args.json is not None:
-        args.json.write_text(json.dumps(as_json(b), indent=2) + "\n")
-    if b.total >= BUDGET_USD:
-        print(f"FAILED: the monthly total {usd(b.total)} is not under {usd(BUDGET_USD)}")
+    if not D(0) <= args.batched_share <= D(1):
+        parser.error("--batched-share must be between 0 and 1")
+    counts = load_counts(args.counts, args.flush_ms)
+    if args.chat_turn_memory:
+        counts = replace(counts, chat_turn_memory_mb=args.chat_turn_memory)
+    a = Assumptions(batched_share=args.batched_share, snapstart_versions=args.snapstart_versions, pitr=args.pitr,
+                    llm_seconds=args.llm_seconds, scale_out_concurrency=args.scale_out_concurrency,
+                    host_tier=args.host_tier, usage_months_kept=args.usage_months)
+    r = Model(counts, a).result()
+    if args.json == "-":
+        print(json.dumps(r, indent=2))
+    else:
+        print(render(r))
+        if args.json:
+            Path(args.json).write_text(json.dumps(r, indent=2) + "\n")
+    missed = [name for name, g in r["goals"].items() if not g["met"]]
+    if missed:
+        print(f"FAILED: goal(s) missed: {', '.join(missed)}", file=sys.stderr)
         return 1
-    print(f"OK: the monthly total {usd(b.total)} is under {usd(BUDGET_USD)}")
     return 0
 
 

@@ -1,8 +1,5 @@
-"""The monthly AWS cost model: arithmetic on hand-computed inputs, exact to the Decimal.
-
-Not a timing test: the budget check (the default scenario under $150) is arithmetic, so it runs in
-`make test`. docs/cost-model.md explains the model and its assumptions.
-"""
+"""The monthly AWS cost model: exact Decimal arithmetic on hand-computed inputs, the JSON shape, the goals,
+the crossover, and the idle month. Not a timing test: it runs in `make test`. docs/cost-model.md."""
 
 from __future__ import annotations
 
@@ -13,158 +10,255 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench.cost_model import (
-    ASSUMED,
-    BUDGET_USD,
+from tests.bench.cost_inputs import (
+    DAYS_PER_MONTH,
     GIB,
-    US_EAST_1,
-    ConnectionCounts,
-    Invocation,
-    Price,
-    Prices,
+    HOURS_PER_MONTH,
+    SCENARIOS,
+    Assumptions,
+    Counts,
+    HostFigures,
     Scenario,
-    Scheduled,
-    TurnCounts,
+    TierCounts,
     load_counts,
-    main,
-    monthly_cost,
+    parse_counts,
 )
+from tests.bench.cost_model import Model, main
+from tests.bench.cost_prices import US_EAST_1, Price, Prices
 
 D = Decimal
-
-# 100 turns a month: 50 active users × 2 turns, one 10-minute connection each; a job run 100 times a
-# month, reading 2 units a run and 1 per turn of the month.
-SWEEP = Scheduled(Invocation("turn_sweep", D(100), D(1000), 1024), read_units=D(2), read_units_per_turn=D(1))
-SMALL = Scenario(registered_users=100, active_share=D("0.5"), turns_per_active_user=2,
-                 connections_per_active_user=D(1), minutes_per_connection=D(10), cold_start_share=D("0.1"),
-                 retained_months=1, event_ttl_hours=D(0), log_retention_days=D(30), secrets=1, schedules=(SWEEP,))
-
-COUNTS = TurnCounts(
-    source="hand-made", inbound_frames=D(1), outbound_frames=D(3), outbound_32kb_units=D(4),  # one 40 KB frame
-    ddb_write_units=D(2), ddb_read_units=D(3),
-    invocations=(Invocation("ws_default", D(1), D(100), 1024, init_ms=D(500)),
-                 Invocation("chat_turn", D(1), D(2000), 512, snapstart=True)),
-    per_connection=ConnectionCounts(inbound_frames=D(1), outbound_frames=D(1),
-                                    invocations=(Invocation("ws_connect", D(1), D(1000), 1024),),
-                                    ddb_write_units=D(1), ddb_read_units=D(1)),
-    s3_put_requests=D(1), s3_get_requests=D(2), s3_stored_bytes=GIB / 100, stored_bytes=GIB / 100,
-    event_bytes=D(0), log_bytes=D(0), platform_log_bytes=GIB / 250, egress_bytes=GIB / 50)
-
-# Quantities for SMALL × COUNTS, by hand:
-EXPECTED_QUANTITIES = {
-    "WebSocket messages (per 32 KB)": D(600),  # 100 × (1 + 4) + 50 × (1 + 1)
-    "WebSocket connection minutes": D(500),  # 50 × 10
-    "requests": D(350),  # 100 × 2 + 50 × 1 + 100 scheduled
-    "ws_default duration (1024 MB × 100 ms)": D(10),  # 100 × 1 GB × 0.1 s
-    "chat_turn duration (512 MB × 2000 ms)": D(100),  # 100 × 0.5 GB × 2 s
-    "ws_connect duration (1024 MB × 1000 ms)": D(50),  # 50 × 1 GB × 1 s
-    "turn_sweep duration (1024 MB × 1000 ms)": D(100),  # 100 runs × 1 GB × 1 s
-    "INIT of cold starts (10% of invocations)": D(5),  # 10 cold ws_default × 1 GB × 0.5 s
-    "SnapStart cache (chat_turn)": D(1_314_000),  # 0.5 GB × 730 h × 3600 s
-    "SnapStart restores (cold starts)": D(5),  # 10 cold chat_turn × 0.5 GB
-    "write request units": D(250),  # 100 × 2 + 50 × 1
-    "read request units": D(650),  # 100 × 3 + 50 × 1 + 100 runs × 2 + 100 turns × 1
-    "storage (1 months of turns)": D(1),
-    "point-in-time recovery": D(1),
-    "ingestion": D("1.4"),  # 350 invocations × GiB / 250
-    "storage (30 days)": D("1.4"),
-    "PUT requests": D(100),
-    "GET requests": D(200),
-    "storage": D(1),
-    "out to the internet": D(2),
-    "LLM key": D(1),
-    "GetSecretValue (chat_turn cold starts)": D(10),
-}
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "cost" / "aws-calls.json"
+DOCS_COUNTS = Path(__file__).parents[2] / "docs" / "aws-calls.json"
 
 
-def flat_prices(**free: Decimal) -> Prices:
+def flat_prices() -> Prices:
     """$1 per unit everywhere, so that each line's cost is its quantity."""
-    return Prices(**{name: Price(name, D(1), D(1), "unit", "test", "test", free.get(name, D(0)), "always free")
-                     for name in Prices.__dataclass_fields__})
+    return Prices(**{name: Price(name, D(1), D(1), "unit", "test", "test") for name in Prices.__dataclass_fields__})
 
 
-def test_every_quantity_matches_the_hand_computation() -> None:
-    b = monthly_cost(COUNTS, SMALL, flat_prices())
-    assert {i.item: i.quantity for i in b.items} == EXPECTED_QUANTITIES
-    assert b.total == sum(EXPECTED_QUANTITIES.values()) == D("1316938.8")
-    assert all(isinstance(i.cost, Decimal) for i in b.items)
+def tier(name: str, **kw: object) -> TierCounts:
+    base: dict[str, object] = dict(
+        tier=name, source="hand-made", inbound_frames=D(1), frames_stock=D(3), frames_batched=D(1),
+        extra_32kb_units=D(0), ddb_write_units=D(2), ddb_read_units=D(3),
+        lambda_invocations={"ws_default": D(1), "chat_turn": D(1)} if name == "lambda" else {"ws_default": D(1)},
+        sqs_requests=D(0) if name == "lambda" else D(3), s3_put_requests=D(1), s3_get_requests=D(2),
+        bytes_out=GIB / 100, turn_seconds=D("2.5"))
+    base.update(kw)
+    return TierCounts(**base)  # type: ignore[arg-type]
+
+
+def counts(**kw: object) -> Counts:
+    base: dict[str, object] = dict(
+        file="hand-made", lambda_tier=tier("lambda"), host_tier=tier("host"),
+        host=HostFigures(vcpu=D("0.5"), memory_mb=D(1024), cpu_ms_per_turn=D(35), concurrent_turns_at_70pct=D(5),
+                         peak_rss_mb=D(300), source="hand-made"),
+        chat_turn_memory_mb=1024, chat_turn_peak_rss_mb=None, scripted_reply_s=D(2), model="m", measured={})
+    base.update(kw)
+    return Counts(**base)  # type: ignore[arg-type]
+
+
+# chat_turn waits 10 s (assumed) + 0.5 s measured around the bench's 2 s scripted reply.
+HAND = Assumptions(batched_share=D("0.5"), function_memory_mb=512, ws_default_ms=D(100), cold_start_share=D("0.1"),
+                   init_ms=D(1000), log_line_bytes=GIB / 200, emf_bytes_per_turn=D(0), log_event_overhead=D(0))
+
+
+def test_the_lines_of_100_lambda_turns_match_the_hand_computation() -> None:
+    m = Model(counts(), HAND, flat_prices())
+    got = {line.item: line.quantity for line in m.turn_lines(m.counts.lambda_tier, D(100))}
+    assert got == {
+        "WebSocket messages (turns)": D(300),  # 100 × (1 in + 0.5 × 3 stock + 0.5 × 1 batched)
+        "chat_turn requests": D(100),
+        "chat_turn duration (1024 MB × 10500 ms)": D(1050),  # 100 × 1 GB × 10.5 s
+        "ws_default requests": D(100),
+        "ws_default duration (512 MB × 100 ms)": D(5),  # 100 × 0.5 GB × 0.1 s
+        "INIT of cold starts (10%)": D(5),  # 10 cold ws_default × 0.5 GB × 1 s (chat_turn has SnapStart)
+        "SnapStart restores (chat_turn cold starts)": D(10),  # 10 cold chat_turn × 1 GB
+        "write request units (turns)": D(200),
+        "read request units (turns)": D(300),
+        "PUT requests (turns)": D(100),
+        "GET requests (turns)": D(200),
+        "ingestion (app line + EMF per turn)": D("0.5"),  # 100 × GiB / 200
+        "storage (14 days)": D("0.5") * 14 / DAYS_PER_MONTH,
+        "out to the internet": D(1),  # 100 × GiB / 100
+        "GetSecretValue (chat_turn cold starts)": D(10),
+    }
+    assert all(line.tier == "lambda" for line in m.turn_lines(m.counts.lambda_tier, D(1)))
+
+
+def test_the_host_tier_has_no_chat_turn_and_pays_the_queue() -> None:
+    m = Model(counts(), HAND, flat_prices())
+    got = {line.item: line.quantity for line in m.turn_lines(m.counts.host_tier, D(10))}
+    assert got["requests (send, receive, delete)"] == D(30)
+    assert not any(item.startswith(("chat_turn", "SnapStart", "GetSecretValue")) for item in got)
 
 
 def test_list_prices_give_exact_decimal_costs() -> None:
-    costs = {i.item: i.cost for i in monthly_cost(COUNTS, SMALL, US_EAST_1).items}
-    assert costs["WebSocket messages (per 32 KB)"] == D("0.0006")  # 600 × $1.00 / 1M
-    assert costs["WebSocket connection minutes"] == D("0.000125")  # 500 × $0.25 / 1M
-    assert costs["requests"] == D("0.00007")  # 350 × $0.20 / 1M
-    assert costs["chat_turn duration (512 MB × 2000 ms)"] == D("0.00133334")  # 100 GB-s × $0.0000133334
-    assert costs["SnapStart cache (chat_turn)"] == D("1.9770444")  # 1,314,000 GB-s × $0.0000015046
-    assert costs["write request units"] == D("0.00015625")  # 250 × $0.625 / 1M
-    assert costs["read request units"] == D("0.00008125")  # 650 × $0.125 / 1M
-    assert costs["storage (1 months of turns)"] == D("0.25")
-    assert costs["out to the internet"] == D("0.18")
-    assert costs["GetSecretValue (chat_turn cold starts)"] == D("0.00005")  # 10 × $0.05 / 10,000
+    m = Model(counts(), replace(HAND, batched_share=D(0)), US_EAST_1)
+    costs = {line.item: line.cost for line in m.turn_lines(m.counts.lambda_tier, D(1_000_000))}
+    assert costs["WebSocket messages (turns)"] == D(4)  # 4 messages × 1M × $1.00 / M
+    assert costs["chat_turn duration (1024 MB × 10500 ms)"] == D("140.0007")  # 10.5M GB-s × $0.0000133334
+    assert costs["write request units (turns)"] == D("1.25")  # 2M × $0.625 / M
+    assert costs["read request units (turns)"] == D("0.375")  # 3M × $0.125 / M
+    assert costs["out to the internet"] == D("900")  # 10,000 GB × $0.09
 
 
-def test_the_free_tier_is_shared_by_the_lines_of_one_price_and_never_subtracted() -> None:
-    b = monthly_cost(COUNTS, SMALL, flat_prices(lambda_gb_s=D(100), ws_message=D(10_000)))
-    # Lambda GB-s lines: 10 + 100 + 50 + 100 + 5 = 265, of which 100 free; messages: all 600 free.
-    assert b.free_tier() == {"always free": D(700)}
-    assert b.total == D("1316938.8")
+def test_one_task_hour_and_the_crossover_formula() -> None:
+    m = Model(counts(), HAND, US_EAST_1)
+    # 0.5 vCPU × $0.03238 + 1 GB × $0.00356 + IPv4 $0.005 + 360 heartbeats × $0.625 / M
+    assert m.task_hour_usd() == D("0.024975")
+    saved = m.per_turn(m.counts.lambda_tier) - m.per_turn(m.counts.host_tier)
+    x = m.crossover()
+    assert D(x["turns_per_month"]) == (D("0.024975") * 730 / saved).quantize(D(1))
+    assert D(x["concurrent_turns"]) == (D("0.024975") * D("10.5") / (3600 * saved)).quantize(D("0.01"))
+    assert x["threshold_ok"] is (D(2) >= D("0.024975") * D("10.5") / (3600 * saved))
+    assert Model(counts(), replace(HAND, scale_out_concurrency=D(0)), US_EAST_1).crossover()["threshold_ok"] is False
+    # 0.7 / 5 turns = 14 % of the CPU a turn: CPU < 15 % stops a task holding 1 turn, below the threshold 2
+    check = x["scale_in_check"]
+    assert (check["cpu_per_turn"], check["turns_held_at_scale_in"]) == ("0.14000", "1")
+    assert "no cycling" in check["why"]
 
 
-def test_an_idle_month_costs_only_the_fixed_items() -> None:
-    idle = monthly_cost(COUNTS, replace(SMALL, active_share=D(0)), flat_prices())
-    # the SnapStart cache, the secret and the schedule's runs (their requests, time, reads and logs)
-    assert {i.item: i.quantity for i in idle.items if i.quantity} == {
-        "SnapStart cache (chat_turn)": D(1_314_000), "LLM key": D(1), "requests": D(100),
-        "turn_sweep duration (1024 MB × 1000 ms)": D(100), "read request units": D(200), "ingestion": D("0.4"),
-        "storage (30 days)": D("0.4")}
-    assert idle.per_turn == 0
+def test_the_plan_puts_turns_on_hosts_when_the_scale_out_threshold_is_reached() -> None:
+    half_day = (0,) * 12 + (1,) * 12  # 12 busy hours a day
+    a = replace(HAND, day_curve=half_day)
+    m = Model(counts(), a, flat_prices())
+    plan = m.plan(Scenario("t", D(1_200_000), D(1), D(1), ""))
+    # 1.2M / 12 h / 30.42 days = 3,288 turns an hour × 10.5 s = 9.6 concurrent: ≥ 2, and
+    # ceil(9.6 × 1.25 / 5 turns a task) = 3 tasks
+    assert plan["tasks_by_hour"] == [0] * 12 + [3] * 12
+    # the first busy hour stays on Lambda for the 3-minute scale-out lag: 1.2M × 0.05 / 12
+    assert (plan["host_turns"], plan["lambda_turns"]) == (D(1_195_000), D(5_000))
+    # 12 h × 3 tasks + 3 tasks × 15 minutes after the traffic stops, every day
+    assert plan["task_hours"] == D("36.75") * DAYS_PER_MONTH
+    assert (plan["host_hours_share"], plan["lambda_hours_share"]) == (D("0.5"), D(1) / 24)
+    below = m.plan(Scenario("t", D(10_000), D(1), D(1), ""))  # 0.08 concurrent: Lambda only
+    assert below["tasks_by_hour"] == [0] * 24 and below["host_turns"] == 0 and below["task_hours"] == 0
+    off = Model(counts(), replace(a, host_tier=False), flat_prices()).plan(Scenario("t", D(1_200_000), D(1), D(1), ""))
+    assert off["host_turns"] == 0 and off["lambda_turns"] == D(1_200_000)
 
 
-def test_the_default_scenario_is_a_million_turns_under_budget() -> None:
-    scenario = Scenario()
-    assert scenario.turns == 1_000_000 and scenario.active_users == 50_000
-    b = monthly_cost(ASSUMED[250], scenario)
-    assert b.total < BUDGET_USD
-    assert b.top(1)[0].item.startswith("chat_turn duration")  # waiting on the LLM stream dominates
+def test_the_idle_month_is_the_deployment_alone() -> None:
+    m = Model(counts(chat_turn_memory_mb=256), Assumptions(), flat_prices())
+    idle = next(s for s in SCENARIOS if s.name == "idle")
+    lines, plan = m.scenario_lines(idle)
+    assert plan["host_turns"] == plan["lambda_turns"] == plan["task_hours"] == 0
+    assert all(line.tier is None for line in lines)  # no per-turn or per-task item
+    assert {line.item: line.quantity for line in lines} == {
+        "turn_sweep requests (every 2 minutes)": D(21_900),  # 730 h × 30
+        "turn_sweep duration (256 MB × 150 ms)": D("821.25"),  # 21,900 × 0.25 GB × 0.15 s
+        "read request units (turn_sweep)": D(175_200),  # 21,900 × 8
+        "ingestion (turn_sweep EMF)": D(21_900) * (243 + 26) / GIB,
+        "usage_export requests (daily)": D(30),
+        "usage_export duration (512 MB × 1000 ms)": D(15),
+        "SnapStart cache (chat_turn 256 MB × 1 version)": D(657_000),  # 0.25 GB × 730 h × 3600 s
+        "custom metrics (EMF, metric × dimension combinations)": 1 + D(30) / HOURS_PER_MONTH,  # SweepDispatched
+        "alarms (turn-host scaling)": D(2),
+        "LLM key": D(1),
+        "turn-host image storage": D("0.3"),
+    }
 
 
-def measurement(tmp_path: Path) -> Path:
-    path = tmp_path / "aws_calls.json"
-    path.write_text(json.dumps({"flush_ms": {
-        "0": {"post_to_connection": 101, "ddb_write_requests": 6, "ddb_write_units": 12, "ddb_read_requests": 9,
-              "ddb_read_units": 9, "lambda_invocations": {"ws_default": 1, "chat_turn": 1}, "inbound_frames": 1},
-        "250": {"post_to_connection": 25, "ddb_write_requests": 6, "ddb_write_units": 14, "ddb_read_requests": 9,
-                "ddb_read_units": 10, "lambda_invocations": {"ws_default": 1, "chat_turn": 1},
-                "inbound_frames": 1}}}))
-    return path
+def test_custom_metrics_count_the_combinations_emitted() -> None:
+    m = Model(counts(), Assumptions(), flat_prices())
+    # chat_turn: TurnsRun 3 + TurnDuration 3 + TurnErrors 1 + 4 token metrics × 2 families = 15 per tier;
+    # connections 6; http_api 3; turn_sweep 1; usage_export one hour a day
+    plan = {"host_turns": D(1), "lambda_turns": D(0), "host_hours_share": D(1), "lambda_hours_share": D(0)}
+    assert m.metric_months(plan) == 15 + 6 + 3 + 1 + D(30) / HOURS_PER_MONTH
+    both = {**plan, "host_hours_share": D("0.5"), "lambda_hours_share": D("0.75")}
+    assert m.metric_months(both) == 15 * D("1.25") + 6 + 3 + 1 + D(30) / HOURS_PER_MONTH
 
 
-def test_measured_counts_replace_the_assumed_ones(tmp_path: Path) -> None:
-    counts = load_counts(measurement(tmp_path))
-    assert set(counts) == {0, 250}
-    c = counts[0]
-    assert c.source == "measured: aws_calls.json, flushMs=0"
-    assert (c.outbound_frames, c.outbound_32kb_units) == (D(101), D(101))  # every frame under 32 KB
-    assert (c.ddb_write_units, c.ddb_read_units) == (D(12), D(9))
-    assert [(i.function, i.count, i.memory_mb) for i in c.invocations] == [("chat_turn", D(1), 512),
-                                                                           ("ws_default", D(1), 256)]
-    assert c.per_connection == ASSUMED[0].per_connection  # not measured yet: assumed
+def test_small_archive_objects_stay_in_s3_standard_and_large_ones_move_to_glacier_ir() -> None:
+    m = Model(counts(), Assumptions(), flat_prices())
+    small_lines, _growth = m._storage_lines(Scenario("s", D(1_000_000), D(100_000), D(1), ""))
+    small = {line.item: line.quantity for line in small_lines}
+    hot_months = D(32) / DAYS_PER_MONTH
+    # 10 turns × 700 B / 2 PUTs = 3.5 KB an object: under 128 KB, never transitioned
+    assert small["archive storage, Standard (month 12)"] == (12 - hot_months) * 1_000_000 * 700 / GIB
+    assert "archive storage, Glacier IR (month 12)" not in {k for k, v in small.items() if v}
+    big = {line.item: line.quantity for line in m._storage_lines(Scenario("b", D(1_000_000), D(1_000), D(1), ""))[0]}
+    # 1,000 turns × 700 B / 2 = 350 KB an object: older than 90 days in Glacier IR
+    glacier_months = 12 - hot_months - D(90) / DAYS_PER_MONTH
+    assert big["archive storage, Glacier IR (month 12)"] == glacier_months * 1_000_000 * 700 / GIB
+    assert big["lifecycle transitions to Glacier IR"] == D(2_000)  # every object, once
+    # a year of usage records + 32 days of history + 48 h of events, all under PITR
+    assert big["point-in-time recovery"] == (big["storage: history (30 hot days + TTL lag)"]
+                                             + big["storage: event log (48 h)"]
+                                             + big["storage: usage records (12 months)"])
+    assert Model(counts(), Assumptions(pitr=False), flat_prices())._storage_lines(
+        Scenario("b", D(1), D(1), D(1), ""))[0][3].quantity == 0
 
 
-def test_the_script_prints_every_line_and_passes_under_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--assume"]) == 0
-    out = capsys.readouterr().out
-    assert "counts: assumed (flushMs=250)" in out
-    for item in EXPECTED_QUANTITIES:
-        assert item.split(" (")[0] in out
-    assert "TOTAL" in out and "OK: the monthly total $" in out
+def test_counts_are_weighted_over_the_conversation_lengths(tmp_path: Path) -> None:
+    def c(wru: int, rru: float) -> dict[str, object]:
+        return {"post_to_connection": 10, "inbound_frames": 1, "ddb_write_units": wru, "ddb_read_units": rru,
+                "lambda_invocations": {"ws_default": 1, "chat_turn": 1}, "turn_seconds": 10.4}
+    data = {"deltas": 100, "delta_gap_ms": 100, "time_scale": 1.0,
+            "tiers": {"lambda": {"1": c(8, 4), "20": c(8, 6), "100": c(12, 10)}}}
+    got = parse_counts(data, "x.json")
+    assert got.lambda_tier.ddb_write_units == D(9)  # 0.25 × 8 + 0.5 × 8 + 0.25 × 12
+    assert got.lambda_tier.ddb_read_units == D("6.5")  # 0.25 × 4 + 0.5 × 6 + 0.25 × 10
+    assert got.lambda_tier.frames_stock == got.lambda_tier.frames_batched == D(10)  # no frames_per_client: stock
+    assert got.scripted_reply_s == D(10)
+    # no host tier measured: the Lambda turn with the queue instead of chat_turn; host figures assumed
+    assert dict(got.host_tier.lambda_invocations) == {"ws_default": D(1)} and got.host_tier.sqs_requests == D(3)
+    assert got.host.source.startswith("assumed")
+    assert got.host.concurrent_turns_at_70pct == D(121)  # 0.7 × 0.5 vCPU × 10.4 s × 1000 / 30 ms, floored
 
 
-def test_the_script_fails_at_or_over_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # flushMs=0: one post per delta, 101 frames a turn, and chat_turn at 512 MB: over $150.
-    assert main(["--counts", str(measurement(tmp_path)), "--flush-ms", "0"]) == 1
-    assert "FAILED: the monthly total" in capsys.readouterr().out
-    assert main(["--counts", str(measurement(tmp_path)), "--flush-ms", "250", "--json", str(tmp_path / "o.json")]) == 0
-    written = json.loads((tmp_path / "o.json").read_text())
-    assert Decimal(written["total_usd"]) < BUDGET_USD
+def test_the_old_schema_is_read_as_the_lambda_tier_at_length_1() -> None:
+    got = load_counts(DOCS_COUNTS)
+    old = json.loads(DOCS_COUNTS.read_text())["flush_ms"]["250"]
+    assert got.lambda_tier.frames_stock == D(old["post_to_connection"])
+    assert got.lambda_tier.ddb_write_units == D(str(old["ddb_write_units"]))
+    assert "old schema, flushMs=250" in got.lambda_tier.source
+    assert got.chat_turn_memory_mb is None  # not measured there: 512 MB (template default) is priced
+
+
+def test_the_fixture_counts_are_read_with_every_key() -> None:
+    got = load_counts(FIXTURE)
+    assert (got.lambda_tier.frames_stock, got.lambda_tier.frames_batched) == (D(14), D(5))
+    assert got.host_tier.sqs_requests == D(3) and got.host.concurrent_turns_at_70pct == D(142)
+    assert got.chat_turn_memory_mb == 256 and got.host.source == "measured"
+
+
+def test_the_json_has_the_documented_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--counts", str(FIXTURE), "--json", "-"])
+    r = json.loads(capsys.readouterr().out)
+    assert set(r) == {"scenarios", "tiers", "crossover", "goals", "levers", "assumptions", "counts"}
+    assert {name: s["turns"] for name, s in r["scenarios"].items()} == {"1M": 1_000_000, "30M": 30_000_000, "idle": 0}
+    for s in r["scenarios"].values():
+        items = s["line_items"]
+        assert sum((D(i["monthly_usd"]) for i in items), D(0)) == D(s["monthly_usd"])
+        for i in items:
+            assert {"service", "item", "quantity", "unit", "unit_price_usd", "monthly_usd"} <= set(i)
+            assert D(i["monthly_usd"]) == D(i["quantity"]) * D(i["unit_price_usd"])
+    assert D(r["scenarios"]["30M"]["per_turn_usd"]) == D(r["scenarios"]["30M"]["monthly_usd"]) / 30_000_000
+    assert {k: g["limit_usd"] for k, g in r["goals"].items()} == {
+        "30M": "750", "1M": "40", "idle": "3", "per_turn_30M": "0.000025"}
+    assert {"per_turn_usd", "task_month_usd"} <= set(r["tiers"]["host"]) and "per_turn_usd" in r["tiers"]["lambda"]
+    assert {"turns_per_month", "concurrent_turns", "why"} <= set(r["crossover"])
+    assert {f: r["assumptions"][f].split(": ")[0] for f in Assumptions.__dataclass_fields__} == {
+        f: str(getattr(Assumptions(), f)) for f in Assumptions.__dataclass_fields__}  # each one with its why
+    assert r["counts"]["file"] == "aws-calls.json" and r["counts"]["measured"]["model"] == "claude-haiku-4-5"
+    met = {k: g["met"] for k, g in r["goals"].items()}
+    assert code == (0 if all(met.values()) else 1)
+    assert met["30M"] is (D(r["scenarios"]["30M"]["monthly_usd"]) <= 750)
+
+
+def test_goals_met_exit_0_and_missed_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cheap = json.loads(FIXTURE.read_text())
+    for lengths in cheap["tiers"].values():
+        for c in lengths.values():
+            c.update(post_to_connection=4, post_units_32kb=4, frames_per_client={"stock": 4, "batched": 2},
+                     ddb_write_units=4, ddb_read_units=2, bytes_out=6000)
+    cheap["host"].update(vcpu=0.25, memory_mb=512, concurrent_turns_at_70pct=71)  # a quarter-vCPU task
+    path = tmp_path / "cheap.json"
+    path.write_text(json.dumps(cheap))
+    assert main(["--counts", str(path)]) == 0
+    assert "goal 30M: $" in capsys.readouterr().out
+    # the same counts with two SnapStart versions of a 2 GB chat_turn: 2 × 2 GB × 730 h of cache is $15.82
+    # a month, so the idle month passes $3 and the 1M month $40
+    assert main(["--counts", str(path), "--chat-turn-memory", "2048", "--snapstart-versions", "2"]) == 1
+    out = capsys.readouterr()
+    assert "goal idle: $16.80 <= $3.00: MISSED" in out.out and out.err == "FAILED: goal(s) missed: 1M, idle\n"
