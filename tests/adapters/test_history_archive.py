@@ -281,3 +281,18 @@ async def test_a_failed_write_raises_so_the_batch_is_retried(
     with pytest.raises(ClientError, match="NoSuchBucket"):
         await archive_records([record(i, n) for n, i in enumerate(items)], store, missing)
     await missing.close()
+
+
+async def test_search_covers_the_hot_window_only(make_store: Callable[..., Awaitable[DynamoDBStore]]) -> None:
+    from tests.support.dynamodb_calls import Calls
+
+    forever, hot = await make_store(), await make_store(history_hot_days=30)
+    for store in (forever, hot):
+        await two_sessions(store)
+    assert (forever._months_searched(), hot._months_searched()) == (24, 3)
+    calls = Calls(hot)
+    assert await hot.search_messages("t1", "nothing") == ([], None)
+    assert calls.take() == ["Query"] * 3  # the month partitions a 30-day window (and TTL's lag) can touch
+    calls = Calls(forever)
+    assert await forever.search_messages("t1", "nothing") == ([], None)
+    assert calls.take() == ["Query"] * 24

@@ -4,8 +4,8 @@ The event source mapping delivers batches of stream records (StreamViewType OLD_
 REMOVE records made by TTL (`userIdentity` `{"type": "Service", "principalId":
 "dynamodb.amazonaws.com"}`). Only history items are archived: messages (`MSG#…`) and turns
 (`TURN#…`) of a session's partition; the other items TTL removes (event blocks, connections,
-leases of workers, search items, whose text is in their message) are dropped here too, in case the
-filter lets them through. Per tenant and session, each batch's items become one object
+search items, whose text is in their message) are dropped here too, in case the filter lets them
+through. Per tenant and session, each batch's items become one object
 (`s3_history_archive.object_key`): one PUT per session per batch, none per item.
 
 Before its PUT, each session's item is marked `archived_at` (one UpdateItem, conditional on the
