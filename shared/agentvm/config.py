@@ -54,6 +54,10 @@ class Settings(BaseSettings):
         "loopback only), `auto` (open on a loopback address, keys on any other)."))
     auth_timeout_s: float = Field(5.0, gt=0, le=300, description="Deadline for a first `auth` frame when required.")
     event_retention_hours: int = Field(48, ge=24, le=87_600, description="How long the session event log is kept.")
+    history_hot_days: int = Field(30, ge=0, le=3650, description=(
+        "Cloud: days a session's messages, turns and search items stay in DynamoDB after their last "
+        "write; DynamoDB's TTL then moves them to the S3 archive (`archive/` in AVM_BUCKET). 0 keeps "
+        "them in the table forever (no archive). `avm serve` keeps everything."))
     max_tool_iterations: int = Field(25, ge=1, le=1000, description="LLM calls allowed in one turn.")
     tool_timeout_s: float = Field(30.0, gt=0, le=3600, description=(
         "Run time limit of one tool call; then its whole process group is killed."))

@@ -30,6 +30,7 @@ from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.frame_offload import S3FrameOffload
 from agentvm.adapters.aws.lambda_dispatcher import LambdaDispatcher
 from agentvm.adapters.aws.s3_blobs import S3BlobStore
+from agentvm.adapters.aws.s3_history_archive import S3HistoryArchive
 from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
 from agentvm.domain.models import LoggedEvent
@@ -111,8 +112,13 @@ class CloudRuntime:
         self.settings = settings
         self.session = session
         self.secrets_session = secrets_session or session
+        # the archive of the history TTL removed (functions/history_archive writes it): reads merge it back
+        self.history_archive = S3HistoryArchive(settings.bucket, session=session,
+                                                endpoint_url=settings.aws_endpoint_url,
+                                                region_name=settings.aws_region) if settings.bucket else None
         self.store = DynamoDBStore(settings.table_name, session=session, endpoint_url=settings.aws_endpoint_url,
-                                   region_name=settings.aws_region)
+                                   region_name=settings.aws_region, history_hot_days=settings.history_hot_days,
+                                   archive=self.history_archive)
         self.registry = DynamoDBConnections(self.store, tenant_scope=tenant_scope)
         self.leases = DynamoDBLeases(self.store)
         self.key_store = DynamoDBKeys(self.store)

@@ -8,6 +8,7 @@ import orjson
 from botocore.exceptions import ClientError
 
 from agentvm.adapters.aws.dynamodb_items import (
+    ARCHIVED_ATTRIBUTE,
     Item,
     _conditional_failed,
     _error_code,
@@ -121,11 +122,16 @@ class DynamoImages(DynamoTable):
 
     async def _session_keys(self, tenant_id: str, session_id: str) -> list[Item]:
         """The keys of the session's items, after the search items of its messages (deleted first:
-        they are found through their messages, so a delete cut short can still find them)."""
+        they are found through their messages, so a delete cut short can still find them). A session
+        marked archived has its archive deleted here, before any of its items (so a delete cut
+        short still finds the mark and finishes)."""
         children = await self._query(KeyConditionExpression="PK = :pk",
-                                     ProjectionExpression="PK, SK, message_id, created_at, srch",
+                                     ProjectionExpression="PK, SK, message_id, created_at, srch, #a",
+                                     ExpressionAttributeNames={"#a": ARCHIVED_ATTRIBUTE},
                                      ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id))},
                                      ConsistentRead=True)
+        if self.archive is not None and any(ARCHIVED_ATTRIBUTE in c for c in children):
+            await self.archive.delete_session(tenant_id, session_id)
         searched = [_search_key(tenant_id, session_id, c["message_id"]["S"], _int(c, "created_at"))
                     for c in children if "srch" in c]
         return searched + [{"PK": c["PK"], "SK": c["SK"]} for c in children]

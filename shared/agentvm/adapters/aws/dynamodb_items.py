@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 Item = dict[str, Any]
 
 TTL_ATTRIBUTE: Final = "expires_at"
+#: On the session item: set (epoch ms) once the archive function archived some of its history.
+ARCHIVED_ATTRIBUTE: Final = "archived_at"
 SHARDS: Final = 8
 #: zlib level: 6 is 10-15 % smaller than 1 on a turn's events for ~0.1-0.2 ms more per checkpoint.
 _ZLIB_LEVEL = 6
@@ -170,6 +172,14 @@ def _opt_s(item: Mapping[str, Any], name: str) -> str | None:
 def _opt_int(item: Mapping[str, Any], name: str) -> int | None:
     value = item.get(name)
     return None if value is None else int(value["N"])
+
+
+def _expiring(item: Item, expires_s: int | None) -> Item:
+    """Give a history item (message, search item, turn) its `expires_at`: the write time plus the hot
+    window (`DynamoTable._history_expiry`); None (a window of 0) keeps it forever."""
+    if expires_s is not None:
+        item[TTL_ATTRIBUTE] = _n(expires_s)
+    return item
 
 
 def _alive(item: Mapping[str, Any], now_s: int) -> bool:

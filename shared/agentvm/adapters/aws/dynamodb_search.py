@@ -47,14 +47,15 @@ class DynamoSearch(DynamoTable):
         then hold fewer than `limit` hits, and its cursor continues below. The cursor is a window's
         bounds and how many of its hits were returned (a page ending inside a window reads that
         window again), or where the next window starts; the search ends `search_months` months
-        back. Hits whose session no longer exists (a delete cut short) are dropped after one
-        consistent BatchGetItem of the page's sessions, which also gives their images."""
+        back (fewer with a hot window: `_months_searched`). Hits whose session no longer exists (a
+        delete cut short) are dropped after one consistent BatchGetItem of the page's sessions,
+        which also gives their images."""
         state = search_cursor_state(cursor, query)
         match = match_expression(query)
         limit = max(limit, 1)
         if state is None:
             newest = _month(int(self._clock() * 1000) + 86_400_000)  # a day ahead: writers' clocks differ
-            state = {"old": _month_add(newest, 1 - self.search_months), "below": [newest, "~"]}
+            state = {"old": _month_add(newest, 1 - self._months_searched()), "below": [newest, "~"]}
         oldest = _cursor_month(state.get("old"))
         positions: list[_Pos]
         window: tuple[_Pos, _Pos] | None
@@ -70,7 +71,7 @@ class DynamoSearch(DynamoTable):
             skip, last = cursor_int(state, "skip"), state.get("last") is True
             positions = [hi, lo]
         # every month a cursor names lies within the search's months: a forged one cannot make it read more
-        if not all(0 <= _months_between(m, oldest) <= self.search_months for m, _sk in positions):
+        if not all(0 <= _months_between(m, oldest) <= self._months_searched() for m, _sk in positions):
             raise bad_cursor()
         if match is None:
             return [], None
@@ -102,6 +103,13 @@ class DynamoSearch(DynamoTable):
             if len(found) == limit:
                 return await self._search_hits(tenant_id, found), search_cursor(
                     {"old": oldest, "below": list(below)}, query)
+
+    def _months_searched(self) -> int:
+        """`search_months`, or fewer when history expires: the months the hot window (plus a few
+        days of TTL lag) can touch, so a search that matches nothing reads 3 partitions, not 24."""
+        if not self._history_ttl_s:
+            return self.search_months
+        return min(self.search_months, self._history_ttl_s // (28 * 86_400) + 2)
 
     async def _search_window(self, tenant_id: str, below: _Pos, oldest: int) -> tuple[list[Item], bool]:
         """Up to `search_window_items` search items below `below`, newest first, going back to the

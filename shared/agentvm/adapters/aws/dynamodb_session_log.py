@@ -20,12 +20,14 @@ from agentvm.adapters.aws.dynamodb_event_blocks import (
     _Row,
 )
 from agentvm.adapters.aws.dynamodb_items import (
+    ARCHIVED_ATTRIBUTE,
     SHARDS,
     TTL_ATTRIBUTE,
     Item,
     _alive,
     _conditional_failed,
     _evlog_keys,
+    _expiring,
     _failed_item,
     _int,
     _k,
@@ -69,18 +71,20 @@ class DynamoSessionLog(DynamoTable):
         pk = _s(_session_pk(t, sid))
         puts: dict[str, Item] = {}
         searched: list[Item] = []
+        hot_until = self._history_expiry()  # the hot window of this write's history items
         for m in checkpoint.messages:
             sk = f"MSG#{_k(m.message_id)}"
             if sk in puts:
                 continue  # first wins, like INSERT OR IGNORE
             created = int(m.body.get("timestamp", 0))
-            item: Item = {"PK": pk, "SK": _s(sk), "message_id": _s(m.message_id), "pos": _n(self._next_pos()),
-                          "body": _s(orjson.dumps(m.body).decode()), "created_at": _n(created)}
+            item: Item = _expiring({"PK": pk, "SK": _s(sk), "message_id": _s(m.message_id),
+                                    "pos": _n(self._next_pos()), "body": _s(orjson.dumps(m.body).decode()),
+                                    "created_at": _n(created)}, hot_until)
             _put_opt(item, "turn_id", m.turn_id)
             text = searchable_text(m.body)
             if text:  # its search item; the flag tells a delete to remove that too
                 item["srch"] = {"BOOL": True}
-                searched.append(_search_item(t, sid, m, created, text))
+                searched.append(_expiring(_search_item(t, sid, m, created, text), hot_until))
             puts[sk] = item
         expires = int(self._clock()) + self._event_ttl_s
         rows: dict[int, _Row] = {}
@@ -89,16 +93,30 @@ class DynamoSessionLog(DynamoTable):
         for item in _event_block_items(pk, [rows[seq] for seq in sorted(rows)], expires):
             puts[item["SK"]["S"]] = item
         for turn in checkpoint.turns:
-            puts[f"TURN#{_k(turn.turn_id)}"] = _turn_item(turn)  # last wins, like INSERT OR REPLACE
+            # last wins, like INSERT OR REPLACE; each rewrite moves the turn's expiry on
+            puts[f"TURN#{_k(turn.turn_id)}"] = _expiring(_turn_item(turn), hot_until)
         await self._batch_write([{"PutRequest": {"Item": i}} for i in (*puts.values(), *searched)])
 
     async def list_messages(self, tenant_id: str, session_id: str) -> list[StoredMessage]:
-        items = await self._query(KeyConditionExpression="PK = :pk AND begins_with(SK, :msg)", ConsistentRead=True,
-                                  ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id)),
-                                                             ":msg": _s("MSG#")})
+        items = await self._session_history(tenant_id, session_id, "MSG#", "MSG#", "SESS")
         items.sort(key=lambda i: _int(i, "pos"))
         return [StoredMessage(session_id, i["message_id"]["S"], orjson.loads(i["body"]["S"]), _opt_s(i, "turn_id"))
                 for i in items]
+
+    async def mark_archived(self, tenant_id: str, session_id: str) -> bool:
+        """Mark the session item: some of its history is in the archive (the archive function, before
+        it writes; reads of an unmarked session never call S3). False when there is no such session."""
+        try:
+            await self.client.update_item(
+                TableName=self.table_name, Key=_key(_session_pk(tenant_id, session_id), "SESS"),
+                UpdateExpression="SET #a = :now", ConditionExpression="attribute_exists(PK)",
+                ExpressionAttributeNames={"#a": ARCHIVED_ATTRIBUTE},
+                ExpressionAttributeValues={":now": _n(int(self._clock() * 1000))})
+        except ClientError as exc:
+            if _conditional_failed(exc):
+                return False
+            raise
+        return True
 
     async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
                           limit: int = 10_000) -> list[LoggedEvent]:

@@ -148,10 +148,20 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, new_client
-from agentvm.adapters.aws.dynamodb_items import TTL_ATTRIBUTE, Item, _failed_conditions, _key, _s
+from agentvm.adapters.aws.dynamodb_items import (
+    ARCHIVED_ATTRIBUTE,
+    TTL_ATTRIBUTE,
+    Item,
+    _failed_conditions,
+    _key,
+    _s,
+    _session_pk,
+)
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
+
+    from agentvm.adapters.aws.s3_history_archive import HistoryArchiveReader
 
 GSI_TENANT: Final = "GSI1"
 GSI_CONTAINER: Final = "GSI2"
@@ -198,12 +208,18 @@ class DynamoTable:
 
     def __init__(self, table_name: str, *, session: botocore.session.Session | None = None,
                  endpoint_url: str | None = None, region_name: str | None = None,
-                 event_ttl_s: int = DEFAULT_EVENT_TTL_S, clock: Callable[[], float] = time.time) -> None:
+                 event_ttl_s: int = DEFAULT_EVENT_TTL_S, history_hot_days: int = 0,
+                 archive: HistoryArchiveReader | None = None, clock: Callable[[], float] = time.time) -> None:
+        """`history_hot_days`: how long a history item (message, search item, turn) stays in the table
+        after its last write (0: forever); `archive`: where the items TTL removed are read back
+        (`s3_history_archive`; None: nowhere, reads see the hot items only)."""
         self.table_name = table_name
         self._session = session
         self._endpoint_url = endpoint_url
         self._region_name = region_name
         self._event_ttl_s = event_ttl_s
+        self._history_ttl_s = history_hot_days * 86_400
+        self.archive = archive
         self._clock = clock
         self._client: DynamoDBClient | None = None
         self._open_lock = asyncio.Lock()
@@ -325,6 +341,29 @@ class DynamoTable:
                 return
         raise RuntimeError(f"DynamoDB {what} left {len(pending)} items unprocessed after "
                            f"{self.backoff_attempts} attempts")
+
+    async def _session_history(self, tenant_id: str, session_id: str, prefix: str, low: str, high: str) -> list[Item]:
+        """The session's history items whose sort key starts with `prefix`, hot and archived, one
+        per sort key (the hot one when both exist).
+
+        One consistent Query of the sort keys `low`..`high`, a range chosen to hold the session item
+        too ("MSG#" < "SESS" < "TURN#"): its `archived_at` mark says whether TTL removed any history
+        (into the archive), so a session without it costs no S3 request. Items past their
+        `expires_at` but not yet removed are kept: they are in no archive yet."""
+        items = await self._query(KeyConditionExpression="PK = :pk AND SK BETWEEN :lo AND :hi", ConsistentRead=True,
+                                  ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id)),
+                                                             ":lo": _s(low), ":hi": _s(high)})
+        hot = {i["SK"]["S"]: i for i in items if i["SK"]["S"].startswith(prefix)}
+        marked = any(i["SK"]["S"] == "SESS" and ARCHIVED_ATTRIBUTE in i for i in items)
+        if not marked or self.archive is None:
+            return list(hot.values())
+        archived = {i["SK"]["S"]: i for i in await self.archive.read_session(tenant_id, session_id)
+                    if str(i.get("SK", {}).get("S", "")).startswith(prefix)}
+        return list({**archived, **hot}.values())
+
+    def _history_expiry(self) -> int | None:
+        """`expires_at` (epoch s) of a history item written now; None when history is kept forever."""
+        return int(self._clock()) + self._history_ttl_s if self._history_ttl_s else None
 
     def _next_pos(self) -> int:
         self._last_pos = max(self._last_pos + 1, time.time_ns())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentvm.adapters.aws.dynamodb_items import _UNFINISHED, SHARDS, Item, _k, _s, _session_pk, _ts, _turn
+from agentvm.adapters.aws.dynamodb_items import _UNFINISHED, SHARDS, Item, _k, _s, _ts, _turn
 from agentvm.adapters.aws.dynamodb_table import GSI_TENANT, DynamoTable
 from agentvm.domain.cursors import next_turn_cursor, turn_cursor
 from agentvm.domain.models import Turn
@@ -18,9 +18,7 @@ class DynamoTurns(DynamoTable):
         return _turn(found) if found is not None else None
 
     async def list_turns(self, tenant_id: str, session_id: str) -> list[Turn]:
-        items = await self._query(KeyConditionExpression="PK = :pk AND begins_with(SK, :turn)", ConsistentRead=True,
-                                  ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id)),
-                                                             ":turn": _s("TURN#")})
+        items = await self._session_history(tenant_id, session_id, "TURN#", "SESS", "TURN$")  # "$" follows "#"
         turns = [_turn(i) for i in items]
         turns.sort(key=lambda t: (t.created_at, t.turn_id))
         return turns
