@@ -46,6 +46,7 @@ class HostOptions:
     heartbeat_s: float = 10.0
     poll_s: float = 20.0
     drain_s: float = 100.0
+    idle_pause_s: float = 0.05  # between empty receives when not long polling (poll_s 0: tests on moto)
 
 
 @dataclass(slots=True)
@@ -144,6 +145,8 @@ class TurnHost:
                 await asyncio.sleep(RECEIVE_RETRY_S)
                 continue
             if not requests:
+                if self.options.poll_s <= 0:
+                    await asyncio.sleep(self.options.idle_pause_s)
                 continue
             try:
                 await self.queue.delete(requests)
