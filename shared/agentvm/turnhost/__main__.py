@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 
@@ -54,6 +55,12 @@ class Metrics:
         except Exception:  # metrics never stop the host
             log.exception("metrics flush failed")
         self.runs, self.flushed_at = 0, asyncio.get_running_loop().time()
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
 
 
 def host_id() -> str:
@@ -112,7 +119,8 @@ async def serve(settings: Settings) -> bool:
         metrics.flush()
     c = host.counts
     log.info("turn host stopped", extra={"received": c.received, "taken": c.taken, "joined": c.joined,
-                                         "refused": c.refused, "turns": c.turns, "drained": finished})
+                                         "refused": c.refused, "turns": c.turns, "drained": finished,
+                                         "cpu_ms": round(time.process_time() * 1000), "peak_rss_mb": _peak_rss_mb()})
     return finished
 
 
