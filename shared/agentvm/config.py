@@ -114,6 +114,21 @@ class Settings(BaseSettings):
     worker_tenant_role_arn: str | None = Field(None, description=(
         "The role a container task assumes for its tenant (template.yaml: TenantWorkerRole); the worker "
         "refuses to start without it (adapters/aws/tenant_scope.py)."))
+    session_lease_s: int = Field(60, ge=3, le=900, description=(
+        "How long a turn runner's session lease holds without renewal (it renews every third of it); "
+        "a runner that dies is replaced after at most this long."))
+    turn_queue_url: str = Field("", description=(
+        "SQS queue of the turn-host tier; empty: no host tier (every turn runs on chat_turn)."))
+    turn_host_capacity: int = Field(200, ge=1, le=10_000, description="Sessions one turn host runs at once.")
+    turn_host_max_cpu: float = Field(0.7, gt=0, le=1, description=(
+        "CPU use (of the host's vCPUs, over the last seconds) above which a turn host refuses new turns."))
+    turn_host_heartbeat_s: float = Field(10.0, ge=0.2, le=300, description=(
+        "Heartbeat period of a turn host; its record counts as live for three periods."))
+    turn_host_vcpu: float = Field(0.0, ge=0, le=256, description=(
+        "vCPUs of a turn host for its CPU limit; 0: read the cgroup's CPU quota, else the CPU count."))
+    turn_host_poll_s: int = Field(20, ge=0, le=20, description="Long-polling wait of a turn host's queue receive.")
+    turn_host_drain_s: float = Field(100.0, ge=0, le=3600, description=(
+        "On SIGTERM a turn host lets its running turns finish for up to this long (ECS stopTimeout: 120 s)."))
     aws_endpoint_url: str | None = Field(None, description=(
         "Endpoint override for DynamoDB/S3/Lambda (moto or LocalStack in tests); unset in AWS."))
     lambda_endpoint_url: str | None = Field(None, description=(

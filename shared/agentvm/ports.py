@@ -27,6 +27,7 @@ from agentvm.domain.models import (
     Usage,
 )
 from agentvm.domain.sandbox_limits import Limits, ProcessResult
+from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
 from agentvm.domain.usage import Budget, Hold, Spend, UsageRecord
 from agentvm.drivers.base import DriverEvent, LLMRequest, ToolOutcome
 from agentvm.money import Cost, ModelPrice
@@ -284,6 +285,32 @@ class Dispatcher(Protocol):
     """Starts the queued turns of a session in the function tier (Lambda async invoke in the cloud)."""
 
     async def start_turns(self, tenant_id: str, session_id: str) -> None: ...
+
+
+class TurnQueue(Protocol):
+    """The turn-host tier's queue of turn requests (SQS in the cloud)."""
+
+    async def send(self, tenant_id: str, session_id: str) -> None: ...
+
+    async def receive(self, max_count: int, wait_s: float) -> list[TurnRequest]:
+        """Up to `max_count` requests, waiting up to `wait_s` for the first (long polling)."""
+        ...
+
+    async def delete(self, requests: Sequence[TurnRequest]) -> None: ...
+
+
+class TurnHostDirectory(Protocol):
+    """Where turn hosts register themselves and dispatchers find them (the table in the cloud)."""
+
+    async def heartbeat(self, host: TurnHostRecord) -> None:
+        """Register the host, or refresh its record (`until_ms`, `running`, `accepting`)."""
+        ...
+
+    async def deregister(self, host_id: str) -> None: ...
+
+    async def list_hosts(self) -> list[TurnHostRecord]:
+        """Every registered host, expired ones included (callers check `takes_turns`)."""
+        ...
 
 
 class ContainerTier(Protocol):

@@ -2,7 +2,10 @@
 
 * `local`: `avm serve`'s app in-process (uvicorn in the test's loop, SQLite);
 * `cloud`: the Lambda handlers behind the emulated API Gateway edge (tests/support/cloud_edge.py),
-  on DynamoDB and the management API of moto, authenticated with an API key.
+  on DynamoDB and the management API of moto, authenticated with an API key;
+* `cloud-host`: the same edge with the turn-host tier (AVM_TURN_QUEUE_URL, a moto SQS queue) and a
+  turn host in this process (tests/support/turn_hosts.py) that runs every turn: at teardown no
+  `chat_turn` was invoked.
 
 Scenarios take `server` (or `make_server` for their own driver or settings) and use only the
 common `Server` interface below. A scenario that is about the local process itself carries
@@ -29,7 +32,7 @@ from tests.support.stock_client import StockClient
 
 __all__ = ["aws_env", "aws_session", "moto_endpoint"]
 
-BACKENDS = ["local", "cloud"]
+BACKENDS = ["local", "cloud", "cloud-host"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -150,6 +153,23 @@ class CloudServer:
         await self.edge.settle()
 
 
+class CloudHostServer(CloudServer):
+    backend = "cloud-host"
+
+    def __init__(self, edge: Any, store: Store, holder: _DriverHolder, host: Any) -> None:
+        super().__init__(edge, store, holder)
+        self.host = host  # tests.support.turn_hosts.InProcessHost
+
+    async def restart(self, *, driver: Driver | None = None) -> None:
+        """A new deployment: new handler environments, and a new turn host that registers before
+        the old one drains (ECS's rolling update), so no turn falls back to `chat_turn`."""
+        from tests.support.turn_hosts import InProcessHost
+
+        await super().restart(driver=driver)
+        old, self.host = self.host, await asyncio.to_thread(InProcessHost().start)
+        await asyncio.to_thread(old.stop)
+
+
 class _DriverHolder:
     def __init__(self, driver: Driver | None) -> None:
         self.driver = driver
@@ -167,7 +187,8 @@ async def _local(request: pytest.FixtureRequest, driver: Driver | None, **settin
 
 
 @contextlib.asynccontextmanager
-async def _cloud(request: pytest.FixtureRequest, driver: Driver | None, **settings: Any) -> AsyncIterator[Server]:
+async def _cloud(request: pytest.FixtureRequest, driver: Driver | None, *, host: bool = False,
+                 **settings: Any) -> AsyncIterator[Server]:
     from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
     from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
     from agentvm.auth.api_keys import new_key
@@ -190,22 +211,54 @@ async def _cloud(request: pytest.FixtureRequest, driver: Driver | None, **settin
     await DynamoDBKeys(store).put_key(key)
     env = {"AVM_CHAT_TURN_FUNCTION": "agentvm-chat-turn:live", "AVM_RELIABLE_WRAPPER": "false",
            **{f"AVM_{name.upper()}": str(value) for name, value in settings.items()}}
+    if host:
+        from tests.support.turn_hosts import create_queue
+
+        # poll 0: moto serves one request at a time, a long poll would hold every other call
+        env.update(AVM_TURN_QUEUE_URL=create_queue(moto), AVM_TURN_HOST_POLL_S="0",
+                   AVM_TURN_HOST_HEARTBEAT_S="1")
     try:
         async with cloud_edge(moto_endpoint=moto, token=token, table_name=table) as edge:
             for name, value in {**edge.handler_env(), **env}.items():
                 monkeypatch.setenv(name, value)
-            yield CloudServer(edge, store, holder)
+            if not host:
+                yield CloudServer(edge, store, holder)
+                return
+            async with _turn_host(edge, store, holder) as server:
+                yield server
     finally:
         await store.close()
+
+
+@contextlib.asynccontextmanager
+async def _turn_host(edge: Any, store: Store, holder: _DriverHolder) -> AsyncIterator[Server]:
+    from tests.support.turn_hosts import InProcessHost, queue_depth
+
+    server = CloudHostServer(edge, store, holder, await asyncio.to_thread(InProcessHost().start))
+    try:
+        yield server
+        # every turn dispatched so far is run by the host before the assertion
+        await edge.settle(include_invokes=True, timeout=30)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not (server.host.idle() and await asyncio.to_thread(queue_depth, edge.moto_endpoint,
+                                                                   os.environ["AVM_TURN_QUEUE_URL"]) == 0):
+            assert loop.time() < deadline, "the turn host did not become idle"
+            await asyncio.sleep(0.05)
+        await edge.settle(include_invokes=True, timeout=30)
+        assert edge.calls("chat_turn") == [], "turns ran on chat_turn while a turn host took turns"
+        assert server.host.host is not None and server.host.host.counts.refused == 0
+    finally:
+        await asyncio.to_thread(server.host.stop)
 
 
 @pytest.fixture(params=BACKENDS)
 def make_server(request: pytest.FixtureRequest) -> MakeServer:
     """`async with make_server(driver=..., **settings) as server:` on this test's backend."""
-    start = _local if request.param == "local" else _cloud
-
     def make(driver: Driver | None = None, **settings: Any) -> contextlib.AbstractAsyncContextManager[Server]:
-        return start(request, driver, **settings)
+        if request.param == "local":
+            return _local(request, driver, **settings)
+        return _cloud(request, driver, host=request.param == "cloud-host", **settings)
 
     return make
 

@@ -303,7 +303,8 @@ async def _close_runtime(rt: Any) -> None:
     if callable(close):
         await close()
         return
-    for name in ("gateway", "dispatcher", "secrets", "blobs", "store"):  # cached clients, if created
+    for name in ("gateway", "dispatcher", "lambda_dispatcher", "turn_queue", "secrets", "blobs",
+                 "store"):  # cached clients, if created
         part = rt.__dict__.get(name) if name != "store" else getattr(rt, "store", None)
         part_close = getattr(part, "close", None)
         if callable(part_close):

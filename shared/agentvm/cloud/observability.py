@@ -37,7 +37,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -46,6 +46,8 @@ from aws_lambda_powertools.logging.filters import SuppressFilter
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
 from agentvm import logs
+from agentvm.domain.models import Turn, TurnStatus
+from agentvm.domain.usage import model_family
 from agentvm.logs import REDACTED, redact
 
 SERVICE: Final = "agentvm"
@@ -206,6 +208,23 @@ class InvocationMetrics:
                 for v in values:
                     emf.add_metric(name=name, unit=unit, value=v)
             emf.flush_metrics()
+
+
+def record_turns(metric: Callable[..., None], turns: Sequence[Turn]) -> None:
+    """Business metrics of the turns one session run ran (`chat_turn`, a turn host): `metric` is
+    `Observability.metric` or `InvocationMetrics.add` (dimensions: never an id)."""
+    for turn in turns:
+        tier, family = turn.tier or "function", model_family(turn.model)
+        metric("TurnsRun", Count, 1, status=str(turn.status), tier=tier)
+        if turn.duration_ms is not None:
+            metric("TurnDuration", Milliseconds, turn.duration_ms, status=str(turn.status), tier=tier)
+        if turn.status == TurnStatus.FAILED:
+            metric("TurnErrors", Count, 1, tier=tier)
+        usage = turn.usage
+        for name, value in (("InputTokens", usage.input_tokens), ("OutputTokens", usage.output_tokens),
+                            ("CacheReadTokens", usage.cache_read_tokens),
+                            ("CacheWriteTokens", usage.cache_write_tokens)):
+            metric(name, Count, value, tier=tier, model_family=family)
 
 
 def status_class(status: int | None) -> str:

@@ -33,15 +33,17 @@ from agentvm.adapters.aws.s3_blobs import S3BlobStore
 from agentvm.adapters.aws.s3_history_archive import S3HistoryArchive
 from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
-from agentvm.domain.models import LoggedEvent
+from agentvm.domain.models import LoggedEvent, Turn
 from agentvm.errors import InvalidRequest
-from agentvm.ports import Driver
+from agentvm.ports import Dispatcher, Driver
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from agentvm.adapters.aws.cloud_fanout import CloudFanout
+    from agentvm.adapters.aws.dynamodb_turn_hosts import DynamoDBTurnHosts
     from agentvm.adapters.aws.ecs_tasks import EcsContainerTier
+    from agentvm.adapters.aws.sqs_turn_queue import SqsTurnQueue
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
     from agentvm.hosting.runtime_ports import RuntimePorts
@@ -143,12 +145,39 @@ class CloudRuntime:
                                  inline_limit=MAX_FRAME_BYTES)
 
     @functools.cached_property
-    def dispatcher(self) -> LambdaDispatcher:
+    def lambda_dispatcher(self) -> LambdaDispatcher:
+        """The per-turn function tier: an async invoke of `chat_turn`."""
         s = self.settings
         if not s.chat_turn_function:
             raise InvalidRequest("AVM_CHAT_TURN_FUNCTION is not set: cannot start turns", field="chat_turn_function")
         return LambdaDispatcher(s.chat_turn_function, session=self.session,
                                 endpoint_url=s.lambda_endpoint_url or s.aws_endpoint_url, region_name=s.aws_region)
+
+    @functools.cached_property
+    def dispatcher(self) -> Dispatcher:
+        """How `ws_default` and `turn_sweep` start turns: the tiered scheduler (a turn host when one
+        accepts, else `chat_turn`) when the deployment has a turn queue, else `chat_turn` directly."""
+        if not self.settings.turn_queue_url:
+            return self.lambda_dispatcher
+        from agentvm.hosting.turn_tiers import TieredDispatcher
+
+        return TieredDispatcher(self.turn_queue, self.turn_hosts, self.lambda_dispatcher)
+
+    @functools.cached_property
+    def turn_queue(self) -> SqsTurnQueue:
+        s = self.settings
+        if not s.turn_queue_url:
+            raise InvalidRequest("AVM_TURN_QUEUE_URL is not set: there is no turn-host tier", field="turn_queue_url")
+        from agentvm.adapters.aws.sqs_turn_queue import SqsTurnQueue
+
+        return SqsTurnQueue(s.turn_queue_url, session=self.session, endpoint_url=s.aws_endpoint_url,
+                            region_name=s.aws_region)
+
+    @functools.cached_property
+    def turn_hosts(self) -> DynamoDBTurnHosts:
+        from agentvm.adapters.aws.dynamodb_turn_hosts import DynamoDBTurnHosts
+
+        return DynamoDBTurnHosts(self.store)
 
     @functools.cached_property
     def container_tier(self) -> EcsContainerTier | None:
@@ -327,7 +356,17 @@ class CloudRuntime:
     def worker(self, invocation: Invocation) -> SessionWorker:
         from agentvm.hosting.session_worker import SessionWorker
 
-        return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner)
+        return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner,
+                             lease_ms=self.settings.session_lease_s * 1000)
+
+    async def run_session(self, tenant_id: str, session_id: str, *, role: str) -> list[Turn]:
+        """Run a session's queued turns under its lease, as one `chat_turn` invocation does (and a
+        turn host per request): a fresh fan-out for the run, closed afterwards."""
+        inv = self.invocation(tenant_id, role=role, driver=await self.driver())
+        try:
+            return await self.worker(inv).run(tenant_id, session_id)
+        finally:
+            await inv.fanout.close()
 
 
 def _csv(value: str) -> list[str]:

@@ -64,14 +64,15 @@ class SessionWorker:
     (the container task's worker marks the session handled there; see agentvm/worker)."""
 
     def __init__(self, deps: RuntimePorts, *, fanout: LeasedFanout, leases: SessionLeases, owner: str,
-                 poll_s: float = 0.25, renew_s: float = 20.0,
+                 poll_s: float = 0.25, lease_ms: int = LEASE_TTL_MS, renew_s: float | None = None,
                  before_release: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.deps = deps
         self.fanout = fanout
         self.leases = leases
         self.owner = owner
         self.poll_s = poll_s
-        self.renew_s = renew_s
+        self.lease_ms = lease_ms
+        self.renew_s = lease_ms / 3000 if renew_s is None else renew_s  # renewed every third of the lease
         self.before_release = before_release
         self.acquired = False  # whether the last `run` got the lease at least once
 
@@ -80,7 +81,7 @@ class SessionWorker:
         ran: list[Turn] = []
         self.acquired = False
         while True:
-            state = await self.leases.acquire(tenant_id, session_id, self.owner, LEASE_TTL_MS, SEQ_BLOCK,
+            state = await self.leases.acquire(tenant_id, session_id, self.owner, self.lease_ms, SEQ_BLOCK,
                                               runner=True)
             if state is None:
                 return ran  # another invocation publishes; its release-then-recheck covers our work
@@ -175,7 +176,7 @@ class SessionWorker:
         while True:
             await asyncio.sleep(self.poll_s)
             if time.monotonic() - renewed >= self.renew_s:
-                state = await self.leases.renew(tenant_id, session_id, self.owner, LEASE_TTL_MS)
+                state = await self.leases.renew(tenant_id, session_id, self.owner, self.lease_ms)
                 renewed = time.monotonic()
                 if state is None:
                     log.error("session lease lost mid-turn", extra={"session_id": session_id, "turn_id": turn.turn_id})

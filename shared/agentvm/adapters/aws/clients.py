@@ -10,7 +10,7 @@ from botocore.config import Config
 
 from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, new_client
 
-Service = Literal["apigatewaymanagementapi", "ecs", "lambda", "secretsmanager", "ssm"]
+Service = Literal["apigatewaymanagementapi", "ecs", "lambda", "secretsmanager", "sqs", "ssm"]
 
 
 class LazyClient:

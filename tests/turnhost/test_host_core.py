@@ -1,0 +1,114 @@
+"""TurnHost with fake ports: it registers before receiving, runs each session as its own task,
+joins a request for a session it runs, refuses (hands to the fallback) at capacity or above its CPU
+limit, re-registers at once when it stops or starts accepting, and drains on stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from agentvm.domain.models import Turn
+from agentvm.domain.turn_hosts import TurnRequest
+from agentvm.turnhost.cpu import CpuMeter
+from agentvm.turnhost.host import HostOptions, TurnHost
+from tests.turnhost.fakes import Directory, Dispatches, Queue
+
+
+class Sessions:
+    """run_session: each run waits until the test releases its session."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.gates: dict[str, asyncio.Event] = {}
+
+    async def run(self, tenant_id: str, session_id: str) -> Sequence[Turn]:
+        self.started.append(session_id)
+        await self.gates.setdefault(session_id, asyncio.Event()).wait()
+        return []
+
+    def finish(self, session_id: str) -> None:
+        self.gates.setdefault(session_id, asyncio.Event()).set()
+
+
+class Cpu:
+    def __init__(self) -> None:
+        self.cpu, self.t = 0.0, 0.0
+
+    def meter(self) -> CpuMeter:
+        return CpuMeter(0.5, cpu=lambda: self.cpu, clock=lambda: self.t)
+
+
+async def until(check: object, timeout: float = 2.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def req(session_id: str) -> TurnRequest:
+    return TurnRequest("t", session_id, f"r-{session_id}")
+
+
+async def test_takes_joins_refuses_and_drains() -> None:
+    queue, directory, fallback, sessions, cpu = Queue(), Directory(), Dispatches(), Sessions(), Cpu()
+    host = TurnHost("h1", queue=queue, directory=directory, fallback=fallback, run_session=sessions.run,
+                    cpu=cpu.meter(), options=HostOptions(capacity=2, heartbeat_s=60, poll_s=1, drain_s=5))
+    serving = asyncio.create_task(host.serve())
+    await until(lambda: directory.beats)
+    assert (directory.beats[0].accepting, directory.beats[0].capacity, directory.beats[0].running) == (True, 2, 0)
+
+    await queue.inbox.put([req("a"), req("a"), req("b")])
+    await until(lambda: sessions.started == ["a", "b"])
+    assert queue.deleted == ["r-a", "r-a", "r-b"]  # at receipt
+    await until(lambda: len(directory.beats) == 2)  # full: it says so at once
+    assert (directory.beats[1].accepting, directory.beats[1].running) == (False, 2)
+
+    await queue.inbox.put([req("c")])  # at capacity: refused, handed to the function tier
+    await until(lambda: fallback.started == [("t", "c")])
+    sessions.finish("a")
+    await until(lambda: len(directory.beats) == 3)
+    assert (directory.beats[2].accepting, directory.beats[2].running) == (True, 1)
+
+    cpu.t, cpu.cpu = 5.0, 2.0  # 0.4 s of CPU per second on 0.5 vCPU: 80 % > 70 %
+    host.cpu.sample()
+    await queue.inbox.put([req("d")])
+    await until(lambda: fallback.started == [("t", "c"), ("t", "d")])
+    assert host.refusal() == "cpu"
+
+    host.stop()
+    await until(lambda: directory.deregistered == ["h1"])
+    assert not serving.done()  # b still runs
+    sessions.finish("b")
+    assert await asyncio.wait_for(serving, 3) is True
+    c = host.counts
+    assert (c.received, c.taken, c.joined, c.refused, c.by_reason) == (5, 2, 1, 2, {"capacity": 1, "cpu": 1})
+    assert sessions.started == ["a", "b"] and directory.hosts == {}
+
+
+async def test_a_drain_that_runs_out_of_time_reports_it() -> None:
+    queue, directory, sessions = Queue(), Directory(), Sessions()
+    host = TurnHost("h2", queue=queue, directory=directory, fallback=Dispatches(), run_session=sessions.run,
+                    cpu=Cpu().meter(), options=HostOptions(heartbeat_s=60, poll_s=1, drain_s=0.05))
+    serving = asyncio.create_task(host.serve())
+    await queue.inbox.put([req("a")])
+    await until(lambda: sessions.started == ["a"])
+    host.stop()
+    assert await asyncio.wait_for(serving, 3) is False
+    sessions.finish("a")
+
+
+def test_cpu_meter_measures_over_its_window() -> None:
+    now, cpu = [0.0], [0.0]
+    meter = CpuMeter(0.5, window_s=5, cpu=lambda: cpu[0], clock=lambda: now[0])
+    assert meter.fraction() == 0.0
+    for _ in range(10):  # 0.1 s of CPU per second
+        now[0] += 1
+        cpu[0] += 0.1
+        meter.sample()
+    assert round(meter.fraction(), 6) == 0.2  # of 0.5 vCPU
+    for _ in range(5):  # then 0.45 s per second: the old rate has left the window
+        now[0] += 1
+        cpu[0] += 0.45
+        meter.sample()
+    assert round(meter.fraction(), 6) == 0.9
