@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     stream_max_flush_ms: int = Field(0, ge=0, le=10_000, description=(
         "Upper bound of the coalescing window, which grows ×1.5 after each flush; 0 keeps it at "
         "stream_flush_ms. The cloud uses 1000 so that long replies cost few API Gateway frames."))
+    history_cache_mb: int = Field(32, ge=0, le=4096, description=(
+        "Session histories a cloud runner (chat_turn's environment, a turn host) keeps between turns, "
+        "in MB: a turn then reads only the messages stored since. 0 reads every history in full."))
     max_frame_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024,
                                  description="Largest accepted client frame.")
     send_queue_max: int = Field(10_000, ge=16, le=1_000_000, description=(

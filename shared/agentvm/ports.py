@@ -172,6 +172,15 @@ class ResourceRepository(Protocol):
         ...
 
 
+class RecentMessages(Protocol):
+    """A session's messages, all of them or those stored since a time (for a cached history)."""
+
+    async def list_messages(self, tenant_id: str, session_id: str) -> list[StoredMessage]: ...
+    async def list_messages_since(self, tenant_id: str, session_id: str, since_ms: int) -> list[StoredMessage]:
+        """At least every message created at or after `since_ms` (epoch ms), in store order."""
+        ...
+
+
 class Store(ContainerRepository, ImageRepository, AgentRepository, SessionLog, TurnLog, SearchIndex,
             ResourceRepository, Protocol):
     """Durable state: every repository on one database. Every method is scoped by tenant: another

@@ -207,7 +207,7 @@ async def test_a_text_turn_checkpoint_is_one_batch_write_of_four_items(store: Dy
     assert name == "BatchWriteItem"
     [requests] = params["RequestItems"].values()
     assert [r["PutRequest"]["Item"]["SK"]["S"] for r in requests] == \
-        ["MSG#m_asst", "EVB#00000000000000000012", "TURN#turn1",  # the events are one block
+        ["MSG#~0000000000000012#m_asst", "EVB#00000000000000000012", "TURN#turn1",  # the events are one block
          "0000000000000012#sess_i1#m_asst"]  # the message's search item (SRCH#t1#197001)
     # however many events: still one block
     calls.log.clear()

@@ -1,47 +1,80 @@
 """The AWS-calls benchmark in its small version (time ÷ 10), so that it cannot rot, and the
-per-turn cost budget it exists for: these are counts of billed AWS calls, not timings."""
+per-turn budgets it exists for: these are counts of billed AWS calls, not timings."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.bench.aws_calls import FLUSH_MS, MAX_WRITE_REQUESTS, index_units, item_size, write_units
-from tests.bench.cost_inputs import Assumptions, load_counts
+from tests.bench.aws_calls import (
+    LENGTHS,
+    MAX_READ_GROWTH,
+    MAX_WRITE_UNITS,
+    MODEL,
+    check,
+    index_units,
+    item_size,
+    write_units,
+)
+from tests.bench.cost_inputs import Assumptions, parse_counts
 from tests.bench.cost_model import Model
 from tests.support.servers import REPO
 
 pytestmark = pytest.mark.e2e
 
 
-def test_quick_run_counts_every_flush_window_and_meets_the_turn_budget(tmp_path: Path) -> None:
-    out = tmp_path / "calls.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.bench.aws_calls", "--quick", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads(out.read_text())
-    assert sorted(int(k) for k in data["flush_ms"]) == sorted(FLUSH_MS)
-    for m in data["flush_ms"].values():
-        assert m["lambda_invocations"] == {"ws_default": 1, "chat_turn": 1}
-        assert m["inbound_frames"] == 1
-        # the turn's own writes, and one metering write (usage record + spend counter) for its LLM call
-        assert m["ddb_write_requests"] - m["ddb_metering_requests"] <= MAX_WRITE_REQUESTS
-        assert m["ddb_metering_requests"] == 1
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("aws-calls") / "calls.json"
+    proc = subprocess.run([sys.executable, "-m", "tests.bench.aws_calls", "--quick", "--detail", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.returncode, proc.stdout, json.loads(out.read_text())
+
+
+def test_quick_run_counts_turns_1_20_100_of_one_priced_conversation(quick_run: tuple[int, str, dict[str, Any]]
+                                                                     ) -> None:
+    code, stdout, data = quick_run
+    assert code == (1 if check(data) else 0), stdout[-3000:]
+    assert data["mode"] == "quick" and data["model"] == MODEL and data["deltas"] == 100
+    lam = data["tiers"]["lambda"]
+    assert sorted(int(k) for k in lam) == list(LENGTHS)
+    for length, m in lam.items():
+        # the conversation's first message comes with one more frame from the stock client
+        frames = 2 if length == "1" else 1
+        assert m["lambda_invocations"] == {"ws_default": frames, "chat_turn": 1}
+        assert m["inbound_frames"] == frames
+        # a priced call with a budget: its hold (UpdateItem) and its usage record + spend counter
+        assert m["ddb_metering_requests"] == 2
         assert m["ddb_write_units"] >= m["ddb_write_requests"]
         assert m["ddb_read_units"] >= 1 and m["post_units_32kb"] >= m["post_to_connection"] > 0
+        assert m["frames_per_client"]["stock"] == m["post_to_connection"]
         assert m["other_calls"] == {"lambda.Invoke": 1}
-    unmerged, target = data["flush_ms"]["0"], data["flush_ms"]["250"]
-    assert unmerged["post_to_connection"] > 100  # every delta its own frame
-    # coalescing merges deltas; the ≤ 25 target is judged by the full run (`make bench`), since
-    # frame counts depend on timing and this run's time is scaled down on a shared machine
-    assert target["post_to_connection"] < unmerged["post_to_connection"] / 2
+        assert len(m["requests"]) == m["ddb_write_requests"] + m["ddb_read_requests"]
+    assert "every DynamoDB request" in stdout
     # the measured counts feed the monthly cost model (its goals are judged on the full run's counts)
-    result = Model(load_counts(out), Assumptions()).result()
-    assert result["scenarios"]["1M"]["turns"] == 1_000_000 and result["counts"]["file"] == "calls.json"
+    result = Model(parse_counts(data, "calls.json"), Assumptions()).result()
+    assert result["scenarios"]["30M"]["turns"] == 30_000_000
+
+
+def test_reads_do_not_grow_with_the_conversation(quick_run: tuple[int, str, dict[str, Any]]) -> None:
+    lam = quick_run[2]["tiers"]["lambda"]
+    assert lam["100"]["ddb_read_units"] <= lam["1"]["ddb_read_units"] + MAX_READ_GROWTH
+    assert lam["100"]["ddb_read_requests"] <= lam["1"]["ddb_read_requests"]
+    # the history is topped up, not read whole: each turn's message Query reads at most 2 units
+    for m in lam.values():
+        history = [r for r in m["requests"] if r.startswith("chat_turn") and "Query" in r and "SESS/MSG" in r]
+        assert len(history) == 1 and float(history[0].split()[2]) <= 2, history
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17 point 3: 27 write units per turn measured, target 8 (not reached yet)")
+def test_a_pure_chat_turn_makes_at_most_8_write_units(quick_run: tuple[int, str, dict[str, Any]]) -> None:
+    for m in quick_run[2]["tiers"]["lambda"].values():
+        assert m["ddb_write_units"] <= MAX_WRITE_UNITS
 
 
 def test_item_sizes_follow_dynamodbs_rules() -> None:

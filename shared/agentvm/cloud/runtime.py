@@ -34,6 +34,7 @@ from agentvm.adapters.aws.s3_history_archive import S3HistoryArchive
 from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
 from agentvm.domain.models import LoggedEvent, Turn
+from agentvm.engine.history_cache import HistoryCache
 from agentvm.errors import InvalidRequest
 from agentvm.ports import Dispatcher, Driver
 
@@ -128,6 +129,10 @@ class CloudRuntime:
         self._driver: Driver | None = None
         self._sandbox: Any = None  # the container task's WorkspaceTools (agentvm.worker only)
         self._workspace_disk: Any = None  # and its S3Disk
+        # every runner of this process shares it: a warm environment's next turn of a session reads
+        # only what was stored since (engine/history_cache.py)
+        self.history_cache = HistoryCache(settings.history_cache_mb * 1024 * 1024) \
+            if settings.history_cache_mb > 0 else None
 
     @functools.cached_property
     def gateway(self) -> ApiGatewayGateway:
@@ -294,6 +299,7 @@ class CloudRuntime:
         if driver is not None:
             deps.turn_options = self.config  # each turn takes the current configuration
             deps.meter = self.meter
+            deps.history_cache, deps.recent_messages = self.history_cache, store
         return Invocation(owner, fanout, deps)
 
     def _sandbox_tools(self, workspaces: Path) -> Any:

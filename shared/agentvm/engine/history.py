@@ -5,16 +5,25 @@ a turn does not grow with the length of the conversation."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any
 
 from agentvm.domain.models import StoredMessage
 from agentvm.engine.context import build_group, join_groups
-from agentvm.ports import Store
+from agentvm.engine.history_cache import HistoryCache
+from agentvm.ports import RecentMessages, Store
 
 
 class SessionHistory:
-    def __init__(self, store: Store, tenant_id: str, session_id: str) -> None:
+    def __init__(self, store: Store, tenant_id: str, session_id: str, *, cache: HistoryCache | None = None,
+                 recent: RecentMessages | None = None, expect: Collection[str] = ()) -> None:
+        """With `cache` (and `recent`, the store's reader of recent messages), the messages are read
+        through the process's cache: only what was stored since its last read of the session.
+        `expect`: ids of messages that must be there (see HistoryCache.read)."""
+        self._expect = expect
         self._store = store
+        self._cache = cache if recent is not None else None
+        self._recent = recent
         self._tenant_id = tenant_id
         self._session_id = session_id
         self._messages: list[StoredMessage] | None = None
@@ -34,7 +43,10 @@ class SessionHistory:
 
     async def _read(self) -> None:
         try:
-            rows = await self._store.list_messages(self._tenant_id, self._session_id)
+            if self._cache is not None and self._recent is not None:
+                rows = await self._cache.read(self._recent, self._tenant_id, self._session_id, expect=self._expect)
+            else:
+                rows = await self._store.list_messages(self._tenant_id, self._session_id)
         except BaseException:
             self._loading = None
             raise
@@ -46,6 +58,8 @@ class SessionHistory:
 
     def extend(self, messages: list[StoredMessage]) -> None:
         """Record messages that were just committed to the store."""
+        if self._cache is not None:
+            self._cache.extend(self._tenant_id, self._session_id, messages)
         if self._messages is not None:
             self._messages.extend(messages)
             self._group(messages)

@@ -3,13 +3,15 @@ ports, and the engine options."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from agentvm.engine.history import SessionHistory
+from agentvm.engine.history_cache import HistoryCache
 from agentvm.engine.runner import EngineOptions
 from agentvm.engine.tools import NoToolProvider
-from agentvm.ports import CallMeter, ContainerTier, Driver, Fanout, Store, ToolProvider
+from agentvm.ports import CallMeter, ContainerTier, Driver, Fanout, RecentMessages, Store, ToolProvider
 
 if TYPE_CHECKING:
     from agentvm.domain.models import Turn
@@ -45,6 +47,16 @@ class RuntimePorts:
     # why this host may not run sandbox tools (no isolating sandbox, no unsafe opt-in), or None; unset
     # where no tool runs in this process (the cloud's functions: the container task's runner refuses)
     sandbox_refusal: Callable[[], str | None] | None = None
+    # the process's cache of session histories and the store's reader of recent messages (the cloud's
+    # runners: a turn reads only what was stored since the process last read the session)
+    history_cache: HistoryCache | None = None
+    recent_messages: RecentMessages | None = None
+
+    def history(self, tenant_id: str, session_id: str, expect: Collection[str] = ()) -> SessionHistory:
+        """A session's history, through the process's cache when there is one; `expect`: ids of
+        messages that must be in it (the user messages of the turns about to run)."""
+        return SessionHistory(self.store, tenant_id, session_id, cache=self.history_cache,
+                              recent=self.recent_messages, expect=expect)
 
     def llm(self) -> Driver:
         if self.driver is None:

@@ -140,7 +140,7 @@ class SessionWorker:
             channel.context["agentId"] = agent.agent_id
             await self._settle_interrupts(tenant_id, session_id, run)
             # read afresh: messages queued by ws_default since the last turn are part of the context
-            history = SessionHistory(store, tenant_id, session_id)
+            history = self.deps.history(tenant_id, session_id, expect={turn.user_message_id})
             scheduled = await self._run_turn(turn, image, channel, history, run, resume=escalated)
             ran.append(turn)
             if scheduled.handed_off:
@@ -210,7 +210,7 @@ class SessionWorker:
             return None
         log.error("the previous runner died during a turn: the turn is failed", extra={
             "session_id": lost.session_id, "turn_id": lost.turn_id, "runner": run.state.dead_runner})
-        history = SessionHistory(self.deps.store, lost.tenant_id, lost.session_id)
+        history = self.deps.history(lost.tenant_id, lost.session_id, expect={lost.user_message_id})
         await ScheduledTurn(self.deps, channel, history).abandon(lost, WorkerLost(WORKER_LOST_TEXT))
         if self.deps.meter is not None:
             try:
@@ -240,7 +240,8 @@ class SessionWorker:
         tenant_id, session_id = channel.tenant_id, channel.session_id
         turns = {t.turn_id: t for t in await self.leases.get_turns(tenant_id, session_id,
                                                                    {turn_id for turn_id, _ in entries})}
-        by_id = {m.message_id: m for m in await self.deps.store.list_messages(tenant_id, session_id)}
+        expect = {t.user_message_id for t in turns.values()}
+        by_id = {m.message_id: m for m in await self.deps.history(tenant_id, session_id, expect).load()}
         for entry in sorted(entries, key=lambda e: turns[e[0]].created_at if e[0] in turns else 0):
             run.announced.add(entry)
             turn = turns.get(entry[0])

@@ -44,6 +44,14 @@ from agentvm.adapters.aws.dynamodb_table import DynamoTable
 from agentvm.domain.message_text import searchable_text
 from agentvm.domain.models import Checkpoint, LoggedEvent, StoredMessage
 
+_MSG_TIMED = "MSG#~"  # above every `MSG#{mid}` key of the older layout ("~" sorts after ids' characters)
+
+
+def message_sk(message_id: str, created_ms: int) -> str:
+    """A message's sort key: its creation time first, so the messages of a time range are one Query
+    (`list_messages_since`), then its id. Deterministic, so a replayed checkpoint writes the same item."""
+    return f"{_MSG_TIMED}{max(created_ms, 0):016d}#{_k(message_id)}"
+
 
 class DynamoSessionLog(DynamoTable):
     """`SessionLog` on DynamoDB: messages, event blocks and the seq reservation."""
@@ -72,11 +80,13 @@ class DynamoSessionLog(DynamoTable):
         puts: dict[str, Item] = {}
         searched: list[Item] = []
         hot_until = self._history_expiry()  # the hot window of this write's history items
+        seen: set[str] = set()
         for m in checkpoint.messages:
-            sk = f"MSG#{_k(m.message_id)}"
-            if sk in puts:
+            if m.message_id in seen:
                 continue  # first wins, like INSERT OR IGNORE
+            seen.add(m.message_id)
             created = int(m.body.get("timestamp", 0))
+            sk = message_sk(m.message_id, created)
             item: Item = _expiring({"PK": pk, "SK": _s(sk), "message_id": _s(m.message_id),
                                     "pos": _n(self._next_pos()), "body": _s(orjson.dumps(m.body).decode()),
                                     "created_at": _n(created)}, hot_until)
@@ -117,6 +127,18 @@ class DynamoSessionLog(DynamoTable):
                 return False
             raise
         return True
+
+    async def list_messages_since(self, tenant_id: str, session_id: str, since_ms: int) -> list[StoredMessage]:
+        """The messages created at or after `since_ms`, by their time-ordered keys (a cached history's
+        top-up: reads as many items as there are recent messages, whatever the conversation's length).
+        Messages stored under the older key `MSG#{mid}` (before the time prefix) are not among them."""
+        items = await self._query(
+            KeyConditionExpression="PK = :pk AND SK BETWEEN :lo AND :hi", ConsistentRead=True,
+            ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id)),
+                                       ":lo": _s(f"{_MSG_TIMED}{max(since_ms, 0):016d}"), ":hi": _s(f"{_MSG_TIMED}~")})
+        items.sort(key=lambda i: _int(i, "pos"))
+        return [StoredMessage(session_id, i["message_id"]["S"], orjson.loads(i["body"]["S"]), _opt_s(i, "turn_id"))
+                for i in items]
 
     async def read_events(self, tenant_id: str, session_id: str, after_seq: int,
                           limit: int = 10_000) -> list[LoggedEvent]:

@@ -15,7 +15,7 @@ zero-padded to 20 digits, so string order is numeric order.
 |           |                  |                   | 3: AGENT#{t}#{aid}                                 |            |
 | Session   | SESS#{t}#{sid}   | SESS              | 4: EVLOG#{shard} / {t}#{sid}                       | –          |
 | (entry)   | IMG#{t}#{iid}    | SESS#{created}#{sid} | – (the image's sessions, for `list_sessions`)   | –          |
-| Message   | SESS#{t}#{sid}   | MSG#{mid}         | –                                                  | –          |
+| Message   | SESS#{t}#{sid}   | MSG#~{created}#{mid} | –                                               | –          |
 | Events    | SESS#{t}#{sid}   | EVB#{last}        | –                                                  | expires_at |
 | (parts)   | SESS#{t}#{sid}   | EVB#{last}#{part} | – (only for one event above 300 KB compressed)     | expires_at |
 | (search)  | SRCH#{t}#{yyyymm} | {created}#{sid}#{mid} | – (a message's searchable text, by month)      | –          |
