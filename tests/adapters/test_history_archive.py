@@ -30,6 +30,11 @@ DAY = 86_400
 TTL_IDENTITY = {"type": "Service", "principalId": "dynamodb.amazonaws.com"}
 
 
+def named(item: dict[str, Any]) -> str:
+    """A message item by its id (its sort key is time-ordered: MSG#~<created>#<id>), others by their key."""
+    return f"MSG#{item['message_id']['S']}" if "message_id" in item else str(item["SK"]["S"])
+
+
 @pytest.fixture
 async def make_store(aws_env: None, aws_session: botocore.session.Session,
                      moto_endpoint: str) -> AsyncIterator[Callable[..., Awaitable[DynamoDBStore]]]:
@@ -153,7 +158,7 @@ async def test_each_rewrite_of_a_turn_moves_its_expiry_on(make_store: Callable[.
     turn = await store.get_turn("t1", "turn1")
     assert turn is not None
     await store.commit(Checkpoint("t1", "sess_i1", turns=[turn]))
-    by_sk = {sk(i): i.get("expires_at", {}).get("N") for i in await raw(store, "SESS#t1#sess_i1")}
+    by_sk = {named(i): i.get("expires_at", {}).get("N") for i in await raw(store, "SESS#t1#sess_i1")}
     assert by_sk["TURN#turn1"] == str(NOW + 40 * DAY)
     assert by_sk["TURN#turn2"] == by_sk["MSG#m_u1"] == str(NOW + 30 * DAY)  # written once, not refreshed
 
@@ -196,7 +201,7 @@ async def test_ttl_removals_become_one_object_per_session_and_reads_merge_them_b
     assert await bucket_keys(s3, bucket) == sorted([a_key, b_key])
     stored = await s3.get_object(Bucket=bucket, Key=a_key)
     assert decode_items(stored["Body"].read()) == a_history  # DynamoDB JSON, in the records' order
-    assert [sk(i) for i in a_history] == ["MSG#m_a1", "MSG#m_a2", "MSG#m_u1", "MSG#m_u2", "TURN#turn1", "TURN#turn2"]
+    assert [named(i) for i in a_history] == ["MSG#m_u1", "MSG#m_a1", "MSG#m_u2", "MSG#m_a2", "TURN#turn1", "TURN#turn2"]
     for sid in ("sess_i1", "sess_b"):  # the mark that makes reads look in the archive
         assert [i["archived_at"]["N"] for i in await raw(store, f"SESS#t1#{sid}") if "archived_at" in i] == [
             str(NOW * 1000)]
