@@ -42,8 +42,9 @@ class Settings(BaseSettings):
         "Text-delta coalescing window: the first delta goes at once, later ones are merged per window. "
         "0 sends every delta."))
     stream_max_flush_ms: int = Field(0, ge=0, le=10_000, description=(
-        "Upper bound of the coalescing window, which grows ×1.5 after each flush; 0 keeps it at "
-        "stream_flush_ms. The cloud uses 1000 so that long replies cost few API Gateway frames."))
+        "Upper bound of the coalescing window, which doubles after each frame; 0 keeps it at "
+        "stream_flush_ms. The cloud uses 2000 so that long replies cost few API Gateway frames "
+        "(bound: docs/protocol.md, 'Text frames per reply')."))
     max_frame_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024,
                                  description="Largest accepted client frame.")
     send_queue_max: int = Field(10_000, ge=16, le=1_000_000, description=(

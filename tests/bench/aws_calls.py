@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 FLUSH_MS = (0, 100, 250, 500)
-MAX_FLUSH_MS = 1000  # template.yaml: AVM_STREAM_MAX_FLUSH_MS
+MAX_FLUSH_MS = 2000  # template.yaml: AVM_STREAM_MAX_FLUSH_MS
 DELTAS = 100
 DELTA_GAP_MS = 100
 TARGET_FLUSH_MS = 250
