@@ -76,9 +76,13 @@ class DeltaCoalescer:
         self._buf: list[str] = []
         self._last_emit = float("-inf")
         self._timer: _Timer | None = None
+        self._held = False
 
     def text(self, chunk: str) -> None:
         if not chunk:
+            return
+        if self._held:
+            self._buf.append(chunk)
             return
         if self._first <= 0:
             self._emit_text(chunk)
@@ -101,6 +105,14 @@ class DeltaCoalescer:
             text = "".join(self._buf)
             self._buf.clear()
             self._emit(text, self._clock())
+
+    def hold(self) -> None:
+        """Keep the pending text until the next `flush` (the message has ended: its text goes out
+        with its closing events)."""
+        self._held = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _emit(self, text: str, now: float) -> None:
         self._last_emit = now
