@@ -13,6 +13,9 @@ AgentVM extensions handled here:
   backoff and re-sends `subscribe` with `afterSeq` for every session it follows. The server replays
   what was missed, so handlers see every event exactly once, in order;
 * `token` is sent as `Authorization: Bearer <token>` on the upgrade request;
+* it asks for batched frames (`?frames=batch` on the URL; `batch_frames=False` does not): a frame may
+  then hold a JSON array of events, handled one by one in order. Frames of one event are handled
+  as ever, so a server that ignores the parameter works the same;
 * in the cloud, an event too big for one frame arrives as a reference (`data: {"__ref": {url, bytes,
   sha256}}`, docs/protocol.md). The client fetches it, checks its size and hash, and handles the
   original event in its place, before any later event. If it cannot, a response carries
@@ -89,6 +92,17 @@ _CLOSE_TIMEOUT_S = 2.0
 _DRAIN_TIMEOUT_S = 2.0  # how long close() lets handlers finish events already received
 _MIN_BACKOFF_S = 0.01  # never retry in a tight loop
 _AUTH_REJECTED = frozenset({401, 403})
+_BATCH_QUERY = ("frames", "batch")  # docs/protocol.md, "Batched frames"
+
+
+def _with_query(url: str, param: tuple[str, str]) -> str:
+    """`url` with `name=value` added to its query string (kept as it is when it names `name` already)."""
+    base, _, fragment = url.partition("#")
+    query = base.partition("?")[2]
+    if any(part.split("=", 1)[0] == param[0] for part in query.split("&") if part):
+        return url
+    joined = f"{base}{'&' if query else ('' if base.endswith('?') else '?')}{param[0]}={param[1]}"
+    return f"{joined}#{fragment}" if fragment else joined
 
 
 async def _call(fn: Callable[..., Awaitable[None] | None], *args: Any, what: str) -> None:
@@ -135,10 +149,13 @@ class AgentVMClient:
         min_reconnect_delay: float = 0.5,
         connect_timeout: float = 10.0,
         http_client: httpx.AsyncClient | None = None,
+        batch_frames: bool = True,
     ) -> None:
         """`http_client` fetches events the server sends by reference (cloud only); by default one is
-        created on first use and closed by `close()`."""
+        created on first use and closed by `close()`. `batch_frames`: ask for several events per
+        frame (fewer frames, which the cloud bills)."""
         self.url = url
+        self._batch_frames = batch_frames
         self._token = token
         self._context: dict[str, Any] = dict(context or {})
         self._reconnect = reconnect
@@ -475,7 +492,7 @@ class AgentVMClient:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
         try:
             return await ws_connect(
-                self.url,
+                _with_query(self.url, _BATCH_QUERY) if self._batch_frames else self.url,
                 additional_headers=headers,
                 open_timeout=self._connect_timeout,
                 ping_interval=_PING_INTERVAL_S,
@@ -606,8 +623,15 @@ class AgentVMClient:
         except orjson.JSONDecodeError:
             logger.debug("ignoring a frame that is not JSON")
             return
-        if not isinstance(message, dict):
+        if isinstance(message, list):  # a batched frame: its events in order
+            for item in message:
+                if isinstance(item, dict):
+                    await self._handle_message(ws, item)
             return
+        if isinstance(message, dict):
+            await self._handle_message(ws, message)
+
+    async def _handle_message(self, ws: ClientConnection, message: dict[str, Any]) -> None:
         if "__msgId" in message and "__payload" in message:
             await ws.send(_encode({"__ack": message["__msgId"]}))  # ACK first, like the stock client
             payload = message["__payload"]

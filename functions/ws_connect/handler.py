@@ -3,7 +3,7 @@ accepts no message to a connection before its $connect route has returned.
 
 An upgrade without credentials (a browser cannot set headers) is accepted and recorded as not yet
 authenticated: its first frame must be an `auth` frame (ws_default, docs/tenancy.md). A key that is
-present but bad is refused here (401)."""
+present but bad is refused here (401). `?frames=batch` asks for batched frames (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from agentvm.cloud.runtime import run, runtime
 from agentvm.domain.models import ConnectionRecord
 from agentvm.errors import Unauthorized
 from agentvm.ids import now_ms
+from agentvm.protocol.frames import wants_batches
 
 log = logging.getLogger("agentvm.ws_connect")
 obs = observe("ws_connect")
@@ -24,9 +25,12 @@ obs = observe("ws_connect")
 async def _connect(event: dict[str, Any]) -> dict[str, Any]:
     rt = await runtime().ready()
     connection_id = event["requestContext"]["connectionId"]
-    token = extract_token(event.get("headers"), event.get("queryStringParameters"))
+    query = event.get("queryStringParameters")
+    token = extract_token(event.get("headers"), query)
+    batch = wants_batches(query)
     if token is None:  # the first frame authenticates it, within AVM_AUTH_TIMEOUT_S
-        await rt.registry.put_connection(ConnectionRecord(connection_id, "", None, now_ms(), authenticated=False))
+        await rt.registry.put_connection(ConnectionRecord(connection_id, "", None, now_ms(), authenticated=False,
+                                                          batch=batch))
         obs.metric("ConnectionsAccepted", Count, 1, auth="frame")
         return {"statusCode": 200}
     try:
@@ -36,7 +40,7 @@ async def _connect(event: dict[str, Any]) -> dict[str, Any]:
         obs.metric("ConnectionsRefused", Count, 1, reason="invalid_key")
         return {"statusCode": 401, "body": exc.message}
     await rt.registry.put_connection(ConnectionRecord(connection_id, principal.tenant_id, principal.key_id,
-                                                      now_ms()))
+                                                      now_ms(), batch=batch))
     obs.metric("ConnectionsAccepted", Count, 1, auth="key")
     return {"statusCode": 200}
 

@@ -42,8 +42,9 @@ class Settings(BaseSettings):
         "Text-delta coalescing window: the first delta goes at once, later ones are merged per window. "
         "0 sends every delta."))
     stream_max_flush_ms: int = Field(0, ge=0, le=10_000, description=(
-        "Upper bound of the coalescing window, which grows ×1.5 after each flush; 0 keeps it at "
-        "stream_flush_ms. The cloud uses 1000 so that long replies cost few API Gateway frames."))
+        "Upper bound of the coalescing window, which doubles after each frame; 0 keeps it at "
+        "stream_flush_ms. The cloud uses 2000 so that long replies cost few API Gateway frames "
+        "(bound: docs/protocol.md, 'Text frames per reply')."))
     history_cache_mb: int = Field(32, ge=0, le=4096, description=(
         "Session histories a cloud runner (chat_turn's environment, a turn host) keeps between turns, "
         "in MB: a turn then reads only the messages stored since. 0 reads every history in full."))

@@ -77,3 +77,16 @@ async def test_a_tenant_scoped_registry_never_touches_connection_records(registr
     assert await scoped.subscribers("t1", "s1") == []
     record = await registry.get_connection("c1")
     assert record is not None and record.tenant_id == "t1"
+
+
+async def test_a_batched_connection_is_marked_on_its_record_and_its_subscriptions(
+        registry: DynamoDBConnections) -> None:
+    await registry.put_connection(ConnectionRecord("cb", "t1", None, 100, batch=True))
+    await registry.put_connection(ConnectionRecord("cs", "t1", None, 100))
+    await registry.put_subscription("t1", "s1", Subscription("cb", since_seq=4, batch=True))
+    await registry.put_subscription("t1", "s1", Subscription("cs"))
+    assert await registry.get_connection("cb") == ConnectionRecord("cb", "t1", None, 100, frozenset({"s1"}),
+                                                                 batch=True)
+    assert (await registry.get_connection("cs")).batch is False  # type: ignore[union-attr]
+    assert sorted(await registry.subscribers("t1", "s1"), key=lambda s: s.connection_id) == [
+        Subscription("cb", since_seq=4, batch=True), Subscription("cs")]

@@ -54,7 +54,7 @@ from typing import Any
 
 LENGTHS = (1, 20, 100)
 FLUSH_MS = 250
-MAX_FLUSH_MS = 1000  # template.yaml: AVM_STREAM_MAX_FLUSH_MS
+MAX_FLUSH_MS = 2000  # template.yaml: AVM_STREAM_MAX_FLUSH_MS
 DELTAS = 100
 DELTA_GAP_MS = 100
 MODEL = "claude-haiku-4-5"  # priced (agentvm/money.py): the scripted driver reports it as the model that answered

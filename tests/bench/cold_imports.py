@@ -89,7 +89,7 @@ def lambda_env(name: str, function_dir: Path) -> dict[str, str]:
         "AVM_CONFIG_PATH": "/agentvm/bench/",
         "AVM_CHAT_TURN_FUNCTION": "arn:aws:lambda:us-east-1:123456789012:function:agentvm-chat-turn:live",
         "AVM_STREAM_FLUSH_MS": "250",
-        "AVM_STREAM_MAX_FLUSH_MS": "1000",
+        "AVM_STREAM_MAX_FLUSH_MS": "2000",
         "AVM_RELIABLE_WRAPPER": "false",
         "AVM_LOG_LEVEL": "INFO",
         "POWERTOOLS_SERVICE_NAME": "agentvm",

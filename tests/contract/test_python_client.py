@@ -55,3 +55,35 @@ async def stream_and_drop(client: AgentVMClient, watcher: StockClient, server: S
             break
         await asyncio.sleep(0.02)
     return seen, dropped_at
+
+
+async def test_the_client_asks_for_batched_frames_and_dispatches_the_same_events(server: Server) -> None:
+    """The Python client connects with `?frames=batch`: frames holding several events arrive, and what
+    it dispatches is what a stock client (one event per frame) gets; `batch_frames=False` gets no batch."""
+    async with StockClient(server.url) as watcher:
+        for batch in (True, False):
+            async with AgentVMClient(server.url, batch_frames=batch) as client:
+                client.on("*", wire.check_frame)
+                frames: list[str | bytes] = []
+                handle = client._handle_frame
+
+                async def spy(ws: Any, raw: str | bytes, handle: Any = handle, frames: list[Any] = frames) -> None:
+                    frames.append(raw)
+                    await handle(ws, raw)
+
+                client._handle_frame = spy  # type: ignore[method-assign]
+                seen: list[dict[str, Any]] = []
+                client.on("*", lambda ev, seen=seen: seen.append(ev) if "seq" in ev else None)
+                res = await client.request_ok("image_create", {"containerId": f"c-{batch}", "config": {"name": "n"}})
+                image = res["data"]["record"]
+                start = len(watcher.events)
+                await watcher.request("image_get_request", {"imageId": image["imageId"]})
+                await server.settle()
+                result = await client.send_message(image["imageId"], "hello")
+                await watcher.wait_type("turn_response", start=start)
+                await server.settle()
+                expected = [e for e in watcher.events[start:] if "seq" in e and e["type"] != "user_message"]
+                assert seen == expected and result.text
+                batches = [f for f in frames if (f if isinstance(f, str) else f.decode()).startswith("[")]
+                assert bool(batches) is batch
+                assert len(frames) < len(seen) if batch else len(frames) >= len(seen)

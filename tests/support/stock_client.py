@@ -2,7 +2,10 @@
 unwraps `{__msgId, __payload}` and ACKs each wrapper before processing, correlates responses by
 `category == "response"` and `data.requestId`, and subscribes to every session named in
 `__subscriptions`. It records every frame it receives, in order, for exact assertions, and checks
-each against the protocol models (tests/support/wire.py)."""
+each against the protocol models (tests/support/wire.py).
+
+`batch=True` makes it the stock client plus the batched-frames extension (docs/protocol.md): it
+connects with `?frames=batch` and takes a frame holding a JSON array as its events in order."""
 
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ _req = itertools.count(1)
 
 
 class StockClient:
-    def __init__(self, url: str, *, ack: bool = True) -> None:
-        self.url = url
+    def __init__(self, url: str, *, ack: bool = True, batch: bool = False) -> None:
+        self.url = url + ("&" if "?" in url else "?") + "frames=batch" if batch else url
+        self.batch = batch
         self.ack = ack
         self.ws: ClientConnection | None = None
         self.events: list[Event] = []  # every unwrapped event, responses included
@@ -64,19 +68,29 @@ class StockClient:
                 except ValueError:
                     continue
                 self.raw.append(body)
-                if isinstance(body, dict) and "__msgId" in body and "__payload" in body:
-                    wire.check_wrapper(body)
-                    assert isinstance(body["__payload"], str), "__payload must be a JSON string"
-                    if self.ack:
-                        await self.ws.send(json.dumps({"__ack": body["__msgId"]}))
-                        self.acks_sent += 1
-                    body = json.loads(body["__payload"])
-                self._dispatch(body)
+                if isinstance(body, list):
+                    size = len(frame.encode() if isinstance(frame, str) else frame)
+                    if not self.batch or len(body) < 2 or size > 32 * 1024:
+                        wire.DRIFT.append(f"batched frame: {len(body)} events in {size} bytes to a client "
+                                          f"that {'asked' if self.batch else 'did not ask'} for batches")
+                for item in body if isinstance(body, list) else [body]:
+                    await self._unwrap(item)
         except Exception:
             pass
         finally:
             self.closed.set()
             self._changed.set()
+
+    async def _unwrap(self, body: Any) -> None:
+        assert self.ws is not None
+        if isinstance(body, dict) and "__msgId" in body and "__payload" in body:
+            wire.check_wrapper(body)
+            assert isinstance(body["__payload"], str), "__payload must be a JSON string"
+            if self.ack:
+                await self.ws.send(json.dumps({"__ack": body["__msgId"]}))
+                self.acks_sent += 1
+            body = json.loads(body["__payload"])
+        self._dispatch(body)
 
     def _dispatch(self, ev: Event) -> None:
         wire.check_frame(ev)

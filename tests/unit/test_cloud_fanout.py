@@ -168,3 +168,76 @@ async def test_a_live_connection_is_a_cursor_across_invocations() -> None:
     await later.drain()
     assert gw.frames("live") == [] and gw.frames("idle") == [1, 2, 3]
     assert reg.subs[("t1", "s1")]["live"] == Subscription("live", after_seq=0, replayed_seq=6, since_seq=6)
+
+
+# ---- batched frames (docs/protocol.md, "Batched frames") ----------------------------------------
+
+
+def posted(gw: FakeGateway, connection_id: str) -> list[list[int] | int]:
+    """Each post to the connection: a batch as the list of its seqs, a single event as its seq."""
+    out: list[list[int] | int] = []
+    for c, f in gw.posts:
+        if c == connection_id:
+            body = json.loads(f)
+            out.append([e["seq"] for e in body] if isinstance(body, list) else body["seq"])
+    return out
+
+
+async def test_a_batched_subscriber_gets_each_tick_in_one_frame_and_a_stock_one_event_per_frame() -> None:
+    gw, reg = FakeGateway(), MemoryRegistry()
+    await reg.put_subscription("t1", "s1", Subscription("stock"))
+    await reg.put_subscription("t1", "s1", Subscription("batched", batch=True))
+    fan = CloudFanout(gateway=gw, registry=reg, tenant_id="t1")
+    fan.to_session("s1", 1, ev(1))
+    fan.to_session("s1", 2, ev(2))
+    await fan.drain()
+    fan.to_session("s1", 3, ev(3))  # alone in its tick: the event's own object
+    await fan.drain()
+    for seq in (4, 5, 6, 7):
+        fan.to_session("s1", seq, ev(seq), exclude="batched" if seq == 5 else None)
+    await fan.drain()
+    assert posted(gw, "stock") == [1, 2, 3, 4, 5, 6, 7]
+    assert posted(gw, "batched") == [[1, 2], 3, [4, 6, 7]]
+    # the batch is the events' own JSON texts, joined
+    assert next(f for c, f in gw.posts if c == "batched") == f"[{ev(1)},{ev(2)}]"
+
+
+async def test_a_batch_stays_within_32_kb_and_a_bigger_event_goes_alone() -> None:
+    gw, reg = FakeGateway(), MemoryRegistry()
+    fan = CloudFanout(gateway=gw, registry=reg, tenant_id="t1")
+    fan.known(ConnectionRecord("b", "t1", None, 0, batch=True))
+
+    def big(seq: int, size: int) -> str:
+        return json.dumps({"type": "tool_result", "seq": seq, "pad": "x" * size})
+
+    sizes = [10_000, 10_000, 10_000, 10_000, 40_000, 100, 100]
+    for seq, size in enumerate(sizes, 1):
+        fan.to_connection("b", big(seq, size))
+    await fan.drain()
+    assert posted(gw, "b") == [[1, 2, 3], 4, 5, [6, 7]]
+    assert all(len(f.encode()) <= 32 * 1024 for c, f in gw.posts if f.startswith("["))
+
+
+async def test_a_batched_connection_known_from_its_record_gets_batches_and_subscribes_batched() -> None:
+    gw, reg = FakeGateway(), MemoryRegistry()
+    fan = CloudFanout(gateway=gw, registry=reg, tenant_id="t1")
+    fan.known(ConnectionRecord("b", "t1", None, 0, batch=True))
+    fan.attach("b", "s1", "c1")
+    fan.to_session("s1", 1, ev(1))
+    fan.to_connection("b", json.dumps({"type": "message_send_response", "seq": 99}))
+    await fan.drain()
+    assert posted(gw, "b") == [[1, 99]]
+    assert [s.batch for s in await reg.subscribers("t1", "s1")] == [True]  # chat_turn will batch too
+
+
+async def test_flushed_waits_for_the_batch_posted_before_it() -> None:
+    gw, reg = FakeGateway(), MemoryRegistry()
+    await reg.put_subscription("t1", "s1", Subscription("b", batch=True))
+    fan = CloudFanout(gateway=gw, registry=reg, tenant_id="t1")
+    fan.to_session("s1", 1, ev(1))
+    fan.to_session("s1", 2, ev(2))
+    await fan.flushed()
+    assert posted(gw, "b") == [[1, 2]]
+    fan.to_session("s1", 3, ev(3))
+    await fan.drain()
+    assert posted(gw, "b") == [[1, 2], 3]

@@ -17,6 +17,7 @@ from agentvm.auth.api_keys import MISSING_TOKEN
 from agentvm.domain.models import Principal
 from agentvm.errors import Unauthorized
 from agentvm.ids import connection_id
+from agentvm.protocol.frames import wants_batches
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class WebSocketEndpoint:
             principal = await self._authenticate(ws)
             if principal is None:
                 return
-        conn = Connection(connection_id(), principal.tenant_id, max_queue=self.max_queue, wrap=self.wrap)
+        conn = Connection(connection_id(), principal.tenant_id, max_queue=self.max_queue, wrap=self.wrap,
+                          batch=wants_batches(ws.query_params))
         self.hub.register(conn)
         loop = asyncio.get_running_loop()
         pump = loop.create_task(self._pump(ws, conn))

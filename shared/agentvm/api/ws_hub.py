@@ -1,5 +1,7 @@
 """The in-process fan-out for `avm serve`: connections, their bounded send queues, subscriptions,
-and `afterSeq` replay that delivers each session event exactly once per connection, in order."""
+and `afterSeq` replay that delivers each session event exactly once per connection, in order.
+A connection that asked for batched frames sends what its queue holds when the pump runs as one
+JSON array (agentvm.protocol.frames)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import TypeVar
 
 from agentvm.ports import EventSource
 from agentvm.protocol.envelope import wrap
+from agentvm.protocol.frames import FrameBatch
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +23,13 @@ OVERFLOW_REASON = "send queue overflow: the client is not reading"
 
 
 class Connection:
-    __slots__ = ("_counter", "_replaying", "_wake", "close_reason", "closed", "containers", "id", "max_queue",
-                 "on_close", "queue", "seen", "tenant_id", "wrap")
+    __slots__ = ("_counter", "_replaying", "_wake", "batch", "close_reason", "closed", "containers", "id",
+                 "max_queue", "on_close", "queue", "seen", "tenant_id", "wrap")
 
-    def __init__(self, connection_id: str, tenant_id: str, *, max_queue: int, wrap: bool = True) -> None:
+    def __init__(self, connection_id: str, tenant_id: str, *, max_queue: int, wrap: bool = True,
+                 batch: bool = False) -> None:
         self.id = connection_id
+        self.batch = batch
         self.tenant_id = tenant_id
         self.max_queue = max_queue
         self.wrap = wrap
@@ -77,7 +82,13 @@ class Connection:
         queue = self.queue
         while not self.closed:
             while queue:
-                await send(queue.popleft())
+                if not self.batch:
+                    await send(queue.popleft())
+                    continue
+                batch = FrameBatch(queue.popleft())
+                while queue and batch.add(queue[0]):
+                    queue.popleft()
+                await send(batch.frame())
             if self.closed:
                 break
             self._wake.clear()

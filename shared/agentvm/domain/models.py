@@ -220,6 +220,8 @@ class ConnectionRecord:
     # False for a connection accepted without credentials: its first frame must be an `auth` frame
     # (tenant_id is empty until then)
     authenticated: bool = True
+    # it asked for batched frames at connect (`?frames=batch`): several events per frame, as a JSON array
+    batch: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +262,7 @@ class Subscription:
     replayed_seq: int = 0
     pending: bool = False
     since_seq: int = 0
+    batch: bool = False  # the connection takes batched frames (its ConnectionRecord's `batch`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,8 +259,15 @@ class TurnRunner:
             self._count(msg)
             turn.model = msg.model or turn.model
             turn.list_cost, turn.billed_cost = money_text(self._list), money_text(self._billed)
-            if hold is not None:
-                await self._settle(turn, request, msg, hold, status)
+            try:
+                if hold is not None:
+                    await self._settle(turn, request, msg, hold, status)
+            finally:
+                if msg.stop_reason is not None:
+                    # The message ended (MessageStop): its last text and closing events go out after
+                    # the settle, in the same tick as what follows (conversation_end, turn_response
+                    # or the tool events), so a batched client gets them in one frame.
+                    self._close_message(msg, interrupted=False)
 
     async def _settle(self, turn: Turn, request: LLMRequest, msg: _Msg, hold: Hold, status: str) -> None:
         assert self.meter is not None
@@ -347,7 +354,8 @@ class TurnRunner:
                     msg.usage = ev.usage  # the final usage is authoritative: a final 0 is 0
                     if ev.usage_final:
                         msg.unreported_bytes = 0
-                    self._close_message(msg, interrupted=False)
+                    if msg.coalescer is not None:
+                        msg.coalescer.hold()  # closed by `_call` once the call is settled
 
     def _emit_text(self, text: str) -> None:
         self.channel.publish("text_delta", {"text": text})

@@ -9,6 +9,11 @@ A subscriber that appears while this invocation publishes (found at a refresh) f
 this invocation's own log, the events above both its `afterSeq` and what was already replayed to it;
 one still owed a replay from the stored log (`pending`) gets that first through `replay_source`.
 A connection that API Gateway reports gone is dropped with all its records.
+
+A connection that asked for batched frames (its record's or its subscription's `batch`) gets what
+its sender finds queued in one post: the events published in the same tick, and those published
+while its previous post was in flight, as one JSON array of at most 32 KB (agentvm.protocol.frames).
+The order, and what each connection receives, are the same as one event per post.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import TYPE_CHECKING, cast
 
 from agentvm.domain.models import ConnectionRecord, LoggedEvent, Subscription
 from agentvm.ports import ConnectionRegistry, EventSource, Gateway
+from agentvm.protocol.frames import FrameBatch
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +41,7 @@ class _Peer:
     queue: asyncio.Queue[str | asyncio.Future[None]] = field(default_factory=asyncio.Queue)
     sender: asyncio.Task[None] | None = None
     gone: bool = False
+    batch: bool = False  # it takes batched frames
     # session_id → highest seq sent to this connection in this invocation
     sent: dict[str, int] = field(default_factory=dict)
 
@@ -66,6 +73,8 @@ class CloudFanout:
         """What `record`'s connection already subscribes to and watches: naming them again writes nothing."""
         self._known_sessions[record.connection_id] = record.sessions
         self._known_containers[record.connection_id] = set(record.containers)
+        if record.batch:
+            self._peer(record.connection_id).batch = True
 
     # ---- Fanout port ---------------------------------------------------------------------------
 
@@ -91,7 +100,7 @@ class CloudFanout:
         cached = self._subs.get(session_id)
         if connection_id in self._local.get(session_id, {}) or (cached is not None and connection_id in cached[1]):
             return
-        sub = Subscription(connection_id)
+        sub = Subscription(connection_id, batch=self._batch(connection_id))
         self._remember(session_id, sub)
         self._op("mark", connection_id, session_id)
         if session_id not in self._known_sessions.get(connection_id, frozenset()):
@@ -99,7 +108,8 @@ class CloudFanout:
 
     async def _record_live(self, session_id: str, connection_id: str) -> None:
         since = await self.head_source(session_id) if self.head_source is not None else 0
-        await self.registry.put_subscription(self.tenant_id, session_id, Subscription(connection_id, since_seq=since))
+        await self.registry.put_subscription(self.tenant_id, session_id, Subscription(
+            connection_id, since_seq=since, batch=self._batch(connection_id)))
 
     async def subscribe(self, connection_id: str, session_id: str, container_id: str, after_seq: int | None,
                         source: EventSource) -> None:
@@ -120,7 +130,8 @@ class CloudFanout:
             if e.seq > last:
                 self.to_connection(connection_id, e.payload)
                 last = e.seq
-        sub = Subscription(connection_id, after_seq=after_seq, replayed_seq=last, since_seq=max(head, last))
+        sub = Subscription(connection_id, after_seq=after_seq, replayed_seq=last, since_seq=max(head, last),
+                           batch=self._batch(connection_id))
         self._remember(session_id, sub)
         self._op("mark", connection_id, session_id, last)
         self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
@@ -140,7 +151,8 @@ class CloudFanout:
     def owe_replay(self, connection_id: str, session_id: str, container_id: str, after_seq: int) -> None:
         """The session's lease is taken: the holder will replay above `after_seq` (see `serve_pending`)."""
         self.watch(connection_id, container_id)
-        sub = Subscription(connection_id, after_seq=after_seq, replayed_seq=after_seq, pending=True)
+        sub = Subscription(connection_id, after_seq=after_seq, replayed_seq=after_seq, pending=True,
+                           batch=self._batch(connection_id))
         self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
 
     # ---- invocation lifecycle --------------------------------------------------------------------
@@ -207,6 +219,10 @@ class CloudFanout:
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
+    def _batch(self, connection_id: str) -> bool:
+        peer = self._peers.get(connection_id)
+        return peer is not None and peer.batch
+
     def _peer(self, connection_id: str) -> _Peer:
         peer = self._peers.get(connection_id)
         if peer is None:
@@ -267,6 +283,9 @@ class CloudFanout:
         if cached is not None and now - cached[0] < self.refresh_s:
             return cached[1]
         fresh = {s.connection_id: s for s in await self.registry.subscribers(self.tenant_id, session_id)}
+        for cid, sub in fresh.items():
+            if sub.batch:
+                self._peer(cid).batch = True
         known = cached[1] if cached is not None else {}
         for cid, sub in fresh.items():
             owed = sub.pending and cid not in self.served.get(session_id, ())
@@ -290,7 +309,8 @@ class CloudFanout:
                     self._send(sub.connection_id, e.payload)
                     floor = e.seq
             self._write(self.registry.put_subscription(
-                self.tenant_id, session_id, Subscription(sub.connection_id, sub.after_seq, floor, False, floor)))
+                self.tenant_id, session_id, Subscription(sub.connection_id, sub.after_seq, floor, False, floor,
+                                                         sub.batch)))
             self.served.setdefault(session_id, set()).add(sub.connection_id)
         for seq, payload in mine:
             if floor < seq < current_seq:
@@ -315,16 +335,30 @@ class CloudFanout:
         asyncio.gather(*markers).add_done_callback(resolve)
 
     async def _post_loop(self, peer: _Peer) -> None:
+        carried: str | asyncio.Future[None] | None = None  # taken from the queue, not yet handled
         while True:
-            item = await peer.queue.get()
+            item = carried if carried is not None else await peer.queue.get()
+            carried, taken = None, 1
             try:
                 if isinstance(item, asyncio.Future):
                     if not item.done():
                         item.set_result(None)
-                elif not peer.gone:
+                elif peer.gone:
+                    pass
+                elif not peer.batch:
                     await self._post(peer, item)
+                else:
+                    batch = FrameBatch(item)
+                    while not peer.queue.empty():
+                        more = peer.queue.get_nowait()
+                        if isinstance(more, asyncio.Future) or not batch.add(more):
+                            carried = more  # a barrier resolves after this post; a big event goes next
+                            break
+                        taken += 1
+                    await self._post(peer, batch.frame())
             finally:
-                peer.queue.task_done()
+                for _ in range(taken):
+                    peer.queue.task_done()
 
     async def _post(self, peer: _Peer, payload: str) -> None:
         try:

@@ -14,7 +14,9 @@ the connection with what it already subscribes to and watches in one Query (so a
 subscription costs no write). Every item expires
 shortly after API Gateway's 2-hour connection cap, so a missed `$disconnect` leaves nothing behind.
 A connection accepted without credentials is stored with `auth_pending` and an empty tenant until its
-first-frame `auth` sets both (`authenticate`, conditional: the first `auth` frame wins).
+first-frame `auth` sets both (`authenticate`, conditional: the first `auth` frame wins). A connection
+that asked for batched frames (`?frames=batch`) has `frames = "batch"` on its record and on each of its
+subscription items, so the fan-out of `chat_turn` knows it from the one Query of the subscribers.
 
 **Tenant scope** (`tenant_scope`: the container task, whose credentials reach only its tenant's keys,
 adapters/aws/tenant_scope.py): the `WSCONN#` items are another tenant's as much as anyone's (a
@@ -70,6 +72,8 @@ class DynamoDBConnections:
             item["key_id"] = _s(record.key_id)
         if not record.authenticated:
             item["auth_pending"] = {"BOOL": True}
+        if record.batch:
+            item["frames"] = _s("batch")
         await self.store.client.put_item(TableName=self.store.table_name, Item=item)
 
     async def authenticate(self, connection_id: str, tenant_id: str, key_id: str | None) -> bool:
@@ -103,7 +107,8 @@ class DynamoDBConnections:
         containers = frozenset(i["container_id"]["S"] for i in items if "container_id" in i)
         pending = record.get("auth_pending", {}).get("BOOL", False)
         return ConnectionRecord(connection_id, record["tenant_id"]["S"], key["S"] if key else None,
-                                int(record["connected_at"]["N"]), sessions, containers, authenticated=not pending)
+                                int(record["connected_at"]["N"]), sessions, containers, authenticated=not pending,
+                                batch=record.get("frames", {}).get("S") == "batch")
 
     async def delete_connection(self, connection_id: str) -> None:
         client, table = self.store.client, self.store.table_name
@@ -136,6 +141,8 @@ class DynamoDBConnections:
         forward = {"PK": _s(f"SUBS#{scope}"), "SK": _s(f"CONN#{conn}"), "connection_id": _s(sub.connection_id),
                    "after_seq": _n(sub.after_seq), "replayed_seq": _n(sub.replayed_seq),
                    "pending": {"BOOL": sub.pending}, "since_seq": _n(sub.since_seq), TTL_ATTRIBUTE: expires}
+        if sub.batch:
+            forward["frames"] = _s("batch")
         if self._scoped(tenant_id, "subscribe for another tenant"):
             self._seen.setdefault(sub.connection_id, set()).add(f"SUBS#{scope}")
             await self.store.client.put_item(TableName=self.store.table_name, Item=forward)
@@ -153,7 +160,8 @@ class DynamoDBConnections:
             for i in items:
                 self._seen.setdefault(i["connection_id"]["S"], set()).add(pk)
         return [Subscription(i["connection_id"]["S"], int(i["after_seq"]["N"]), int(i["replayed_seq"]["N"]),
-                             bool(i["pending"]["BOOL"]), int(i["since_seq"]["N"]) if "since_seq" in i else 0)
+                             bool(i["pending"]["BOOL"]), int(i["since_seq"]["N"]) if "since_seq" in i else 0,
+                             batch=i.get("frames", {}).get("S") == "batch")
                 for i in items]
 
     async def watch(self, tenant_id: str, container_id: str, connection_id: str) -> None:
