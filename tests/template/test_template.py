@@ -868,6 +868,11 @@ def test_the_turn_host_service_runs_no_task_until_scaled() -> None:
         "AVM_STREAM_MAX_FLUSH_MS": "2000", "AVM_HISTORY_HOT_DAYS": {"Ref": "HistoryHotDays"},
         "AVM_TABLE_NAME": {"Ref": "Table"}, "AVM_BUCKET": {"Ref": "Bucket"},
         "AVM_LLM_SECRET_ARN": {"Ref": "LlmSecretArn"}}
+    # its CPU limit is the task's (the container's cgroup shows the machine's CPUs): one entry per size
+    assert environment["AVM_TURN_HOST_VCPU"] == {"Fn::FindInMap": ["TurnHostVcpus", {"Ref": "TurnHostCpu"}, "Vcpus"]}
+    vcpus = _template()["Mappings"]["TurnHostVcpus"]
+    assert set(vcpus) == set(_template()["Parameters"]["TurnHostCpu"]["AllowedValues"])
+    assert all(float(entry["Vcpus"]) == int(cpu) / 1024 for cpu, entry in vcpus.items())
     # the rest of chat_turn's environment, the container tier's included (a turn may escalate)
     chat_turn = _function("ChatTurnFunction")["Environment"]["Variables"]
     for key in ("AVM_WS_ENDPOINT", "AVM_CONFIG_PATH", "AVM_STREAM_FLUSH_MS", "AVM_RELIABLE_WRAPPER", "AVM_LOG_LEVEL",
