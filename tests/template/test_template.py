@@ -748,7 +748,11 @@ def test_the_history_archive_takes_only_ttl_removals_and_reports_failed_batches(
     (mapping_name,) = _resources("AWS::Lambda::EventSourceMapping")
     mapping = _resource(mapping_name)["Properties"]
     (pattern,) = [f["Pattern"] for f in mapping.pop("FilterCriteria")["Filters"]]
-    assert json.loads(pattern) == {"eventName": ["REMOVE"], "userIdentity": {"principalId": ["dynamodb.amazonaws.com"]}}
+    # removals by the TTL (not by a user or the app) of history items only: event blocks and connections
+    # expire far more often and would invoke the function for nothing
+    assert json.loads(pattern) == {
+        "eventName": ["REMOVE"], "userIdentity": {"type": ["Service"], "principalId": ["dynamodb.amazonaws.com"]},
+        "dynamodb": {"Keys": {"SK": {"S": [{"prefix": "MSG#"}, {"prefix": "TURN#"}]}}}}
     assert mapping == {
         "FunctionName": {"Ref": "HistoryArchiveFunction"}, "EventSourceArn": {"Fn::GetAtt": ["Table", "StreamArn"]},
         "StartingPosition": "TRIM_HORIZON", "BatchSize": 1000, "MaximumBatchingWindowInSeconds": 300,
@@ -762,6 +766,7 @@ def test_the_history_archive_takes_only_ttl_removals_and_reports_failed_batches(
               for st in _statements("HistoryArchiveFunction")}
     assert grants == {(tuple(sorted(STREAM_READ)), "${Table.Arn}/stream/*"),
                       (("s3:PutObject",), "${Bucket.Arn}/archive/*"),
+                      (("dynamodb:UpdateItem",), "${Table.Arn}"),  # the session's archived_at mark
                       (("sqs:SendMessage",), "${ArchiveFailures.Arn}")}
 
 
@@ -893,6 +898,7 @@ def test_the_turn_host_task_role_is_exactly_what_a_turn_needs() -> None:
         ("PostToConnections", ("execute-api:ManageConnections",)): [
             WS_API_ARN_PREFIX + "${WebSocketStageName}/POST/@connections/*"],
         ("LargePayloads", ("s3:GetObject", "s3:PutObject")): ["${Bucket.Arn}/blobs/*", "${Bucket.Arn}/tmp/*"],
+        ("ReadHistoryArchive", ("s3:GetObject",)): ["${Bucket.Arn}/archive/*"],
         ("MissingKeysAre404", ("s3:ListBucket",)): ["${Bucket.Arn}"],
         ("TakeTurns", ("sqs:DeleteMessage", "sqs:DeleteMessageBatch", "sqs:ReceiveMessage")): ["${TurnQueue.Arn}"],
         ("FallBackToChatTurn", ("lambda:InvokeFunction",)): ["${ChatTurnFunction.Alias}"],
@@ -981,3 +987,29 @@ def test_sam_keeps_one_published_chat_turn_version_and_logs_json_everywhere() ->
     # the stream consumer's role carries only the inline grants (no managed stream policy on "*")
     assert resources["HistoryArchiveFunctionRole"]["Properties"]["ManagedPolicyArns"] == [
         "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"]
+
+
+def test_the_archive_is_written_by_the_archiver_read_by_history_readers_and_deleted_with_sessions() -> None:
+    archive = "${Bucket.Arn}/archive/*"
+
+    def holders(action: str) -> set[str]:
+        return {name for name in FUNCTIONS for st in _allowed(name, action)
+                if archive in (_text(r) for r in _as_list(st["Resource"]))}
+
+    assert holders("s3:PutObject") == {"HistoryArchiveFunction"}
+    # every function that reads a session's messages or turns (the turn host too, below)
+    assert holders("s3:GetObject") == {"WsDefaultFunction", "ChatTurnFunction", "ChatStreamFunction", "HttpApiFunction"}
+    # where sessions and images are deleted: the AgentX commands and the HTTP app (on both functions)
+    assert holders("s3:DeleteObject") == {"WsDefaultFunction", "ChatStreamFunction", "HttpApiFunction"}
+    for name in holders("s3:GetObject"):  # S3 answers 404, not 403, for an object not archived yet
+        assert [st for st in _allowed(name, "s3:ListBucket") if st["Resource"] == {"Fn::GetAtt": ["Bucket", "Arn"]}]
+    # the worker task reads its own tenant's archive only, and lists only under it
+    tenant = {st["Sid"]: st for st in _role_statements("TenantWorkerRole")}
+    assert tenant["TenantHistoryArchive"]["Action"] == "s3:GetObject"
+    assert _text(tenant["TenantHistoryArchive"]["Resource"]) == (
+        "${Bucket.Arn}/archive/${!aws:PrincipalTag/agentvm-tenant}/*")
+    assert tenant["ListTenantWorkspaces"]["Condition"] == {"StringLike": {"s3:prefix": [
+        "workspaces/${aws:PrincipalTag/agentvm-tenant}/*", "archive/${aws:PrincipalTag/agentvm-tenant}/*"]}}
+    # small objects (most archive batches) never move to a class that bills 128 KB minimum
+    lifecycle = _resource("Bucket")["Properties"]["LifecycleConfiguration"]
+    assert lifecycle["TransitionDefaultMinimumObjectSize"] == "all_storage_classes_128K"
