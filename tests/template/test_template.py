@@ -13,164 +13,43 @@ import re
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "template.yaml"
-LAYER_REQUIREMENTS = ROOT / "shared" / "requirements.txt"
-
-#: Logical id → function folder. EventLogPrune is deliberately absent: DynamoDB TTL prunes the log.
-FUNCTIONS: dict[str, str] = {
-    "WsConnectFunction": "ws_connect",
-    "WsDisconnectFunction": "ws_disconnect",
-    "WsDefaultFunction": "ws_default",
-    "ChatTurnFunction": "chat_turn",
-    "HttpApiFunction": "http_api",
-    "ChatStreamFunction": "chat_stream",
-    "UsageExportFunction": "usage_export",
-    "TurnSweepFunction": "turn_sweep",
-}
-#: Functions that run turns (and wait on the LLM): up to 15 minutes.
-TURN_RUNNERS = ("ChatTurnFunction", "ChatStreamFunction")
-#: Scheduled work (the usage export reads a month of usage records: minutes, not seconds).
-SCHEDULED = ("UsageExportFunction", "TurnSweepFunction")
-#: The functions that start chat_turn: ws_default for a new message, the sweep for a queue nobody runs.
-CHAT_TURN_STARTERS = {"WsDefaultFunction", "TurnSweepFunction"}
-#: chat_stream is a web app run by the Lambda Web Adapter: a start script, not a handler module.
-WEB_ADAPTER = "ChatStreamFunction"
-#: Regions cfn-lint checks resource availability in (SnapStart, arm64, GLACIER_IR, ...).
-LINT_REGIONS = ("us-east-1", "us-west-2", "eu-west-1", "eu-central-1", "ap-southeast-1", "ap-northeast-1")
-#: Packages the function tier must not carry (the SDK-free driver replaces anthropic; the rest is `avm serve`).
-#: aioboto3/aiobotocore/aiohttp: ~1 s of cold start; the AWS adapters use botocore on a thread pool.
-NOT_IN_LAYER = ("anthropic", "uvicorn", "websockets", "aioboto3", "aiobotocore", "aiohttp")
-LAYER_MUST_HAVE = ("pydantic", "pydantic-settings", "orjson", "httpx", "pyyaml", "boto3", "botocore",
-                   "aws-lambda-powertools", "mangum", "fastapi", "starlette")
-WS_API_ARN_PREFIX = "arn:${AWS::Partition}:execute-api:${AWS::Region}:${AWS::AccountId}:${WebSocketApi}/"
-CONFIG_PARAMETER_ARN = "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/agentvm/${AWS::StackName}"
-NO_VALUE = {"Ref": "AWS::NoValue"}
-
-
-# ------------------------------------------------------------------------------------------ loading
-
-class _CfnLoader(yaml.SafeLoader):
-    """A SafeLoader that reads CloudFormation short tags (`!Ref`, `!Sub`, `!GetAtt`, `!If`, ...) as long form."""
-
-
-def _construct_short_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
-    value: Any
-    if isinstance(node, yaml.ScalarNode):
-        value = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    elif isinstance(node, yaml.MappingNode):
-        value = loader.construct_mapping(node, deep=True)
-    else:  # pragma: no cover - YAML has no other node kinds
-        raise yaml.constructor.ConstructorError(None, None, f"unexpected node for !{suffix}", node.start_mark)
-    if suffix in ("Ref", "Condition"):
-        return {suffix: value}
-    if suffix == "GetAtt" and isinstance(value, str):
-        resource, _, attribute = value.partition(".")
-        return {"Fn::GetAtt": [resource, attribute]}
-    return {f"Fn::{suffix}": value}
-
-
-_CfnLoader.add_multi_constructor("!", _construct_short_tag)
-
-
-@cache
-def _template() -> dict[str, Any]:
-    loaded = yaml.load(TEMPLATE.read_text(encoding="utf-8"), Loader=_CfnLoader)  # _CfnLoader is a SafeLoader
-    assert isinstance(loaded, dict)
-    return loaded
-
-
-def _resources(type_: str | None = None) -> dict[str, dict[str, Any]]:
-    resources: dict[str, dict[str, Any]] = _template()["Resources"]
-    return {name: r for name, r in resources.items() if type_ is None or r["Type"] == type_}
-
-
-def _resource(name: str) -> dict[str, Any]:
-    return _resources()[name]
-
-
-def _function(name: str) -> dict[str, Any]:
-    """The function's properties with `Globals.Function` applied the way SAM merges them."""
-    merged: dict[str, Any] = dict(_template().get("Globals", {}).get("Function", {}))
-    props: dict[str, Any] = _resource(name)["Properties"]
-    for key, value in props.items():
-        if key == "Environment":
-            variables = {**merged.get("Environment", {}).get("Variables", {}), **value.get("Variables", {})}
-            merged["Environment"] = {"Variables": variables}
-        elif isinstance(value, list) and isinstance(merged.get(key), list):
-            merged[key] = [*merged[key], *value]  # SAM appends a function's list to the global one
-        else:
-            merged[key] = value
-    return merged
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def _branches(value: Any) -> Iterator[Any]:
-    """Both outcomes of a `Fn::If` (minus `AWS::NoValue`), or the value itself."""
-    if isinstance(value, dict) and set(value) == {"Fn::If"}:
-        _condition, when_true, when_false = value["Fn::If"]
-        for branch in (when_true, when_false):
-            yield from _branches(branch)
-    elif value != NO_VALUE:
-        yield value
-
-
-def _statements(name: str) -> list[dict[str, Any]]:
-    """Every IAM statement of a function's inline policies (each `Fn::If` branch counted)."""
-    statements: list[dict[str, Any]] = []
-    for policy in _as_list(_resource(name)["Properties"].get("Policies", [])):
-        assert isinstance(policy, dict) and "Statement" in policy, (
-            f"{name}: use inline policy statements (SAM policy templates and managed policies are broader "
-            f"than least privilege): {policy!r}")
-        for statement in _as_list(policy["Statement"]):
-            statements.extend(_branches(statement))
-    return statements
-
-
-def _text(value: Any) -> str:
-    """A resource reference as `Fn::Sub` text, so `!Ref X`, `!GetAtt X.Arn` and `!Sub "...${X}"` compare alike."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and len(value) == 1:
-        key, inner = next(iter(value.items()))
-        if key == "Fn::Sub" and isinstance(inner, str):
-            return inner
-        if key == "Ref":
-            return "${" + str(inner) + "}"
-        if key == "Fn::GetAtt":
-            return "${" + ".".join(_as_list(inner)) + "}"
-    raise AssertionError(f"unexpected reference form: {value!r}")
-
-
-def _allowed(name: str, action: str) -> list[dict[str, Any]]:
-    return [s for s in _statements(name) if s["Effect"] == "Allow" and action in _as_list(s["Action"])]
-
-
-def _walk(value: Any) -> Iterator[tuple[str, Any]]:
-    """Every (key, value) pair in a nested structure."""
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            yield key, inner
-            yield from _walk(inner)
-    elif isinstance(value, list):
-        for inner in value:
-            yield from _walk(inner)
-
+from tests.template.template_model import (
+    CHAT_TURN_STARTERS,
+    CONFIG_PARAMETER_ARN,
+    FUNCTIONS,
+    LAYER_MUST_HAVE,
+    LAYER_REQUIREMENTS,
+    LINT_REGIONS,
+    NO_VALUE,
+    NOT_IN_LAYER,
+    ROOT,
+    SCHEDULED,
+    STREAM_CONSUMERS,
+    STREAM_READ,
+    TEMPLATE,
+    TURN_DISPATCHERS,
+    TURN_QUEUE_ARN,
+    TURN_RUNNERS,
+    WEB_ADAPTER,
+    WS_API_ARN_PREFIX,
+    _allowed,
+    _as_list,
+    _function,
+    _resource,
+    _resources,
+    _sam_cli,
+    _statements,
+    _template,
+    _text,
+    _walk,
+)
 
 # ------------------------------------------------------------------------------------------ linters
 
@@ -181,15 +60,6 @@ def test_cfn_lint_passes_including_informational_rules() -> None:
                "--include-checks", "I", "--regions", *LINT_REGIONS, "--", str(TEMPLATE)]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, f"cfn-lint found problems:\n{result.stdout}{result.stderr}"
-
-
-def _sam_cli() -> Path | None:
-    explicit = os.environ.get("AVM_SAM_CLI")
-    if explicit:
-        return Path(explicit)
-    venv = Path(os.environ.get("SAM_VENV", ".venv-sam"))
-    sam = (venv if venv.is_absolute() else ROOT / venv) / "bin" / "sam"
-    return sam if sam.exists() else None
 
 
 def test_sam_validate_lint_passes() -> None:
@@ -260,7 +130,8 @@ def test_table_is_on_demand_recoverable_encrypted_and_retained() -> None:
     table = resource["Properties"]
     assert table["BillingMode"] == "PAY_PER_REQUEST"
     assert not [key for key, _ in _walk(table) if key in ("ProvisionedThroughput", "OnDemandThroughput")]
-    assert table["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert table["PointInTimeRecoverySpecification"] == {
+        "PointInTimeRecoveryEnabled": {"Fn::If": ["PointInTimeRecoveryEnabled", True, False]}}
     assert table["SSESpecification"]["SSEEnabled"] is True
     assert "TableName" not in table, "a fixed name blocks replacement and a second stack in the account"
     assert resource["DeletionPolicy"] == resource["UpdateReplacePolicy"] == "Retain"
@@ -285,6 +156,9 @@ def test_bucket_is_private_encrypted_and_retained() -> None:
     by_prefix = {rule["Prefix"]: rule for rule in rules if "Prefix" in rule}
     for prefix in ("exports/", "archives/"):
         assert by_prefix[prefix]["Transitions"] and by_prefix[prefix]["ExpirationInDays"], prefix
+    # the history archive is kept (session exports read it back), in Glacier Instant Retrieval after 90 days
+    assert by_prefix["archive/"] == {"Id": "history-archive-tier", "Status": "Enabled", "Prefix": "archive/",
+                                     "Transitions": [{"StorageClass": "GLACIER_IR", "TransitionInDays": 90}]}
 
     policies = [p["Properties"] for p in _resources("AWS::S3::BucketPolicy").values()
                 if p["Properties"]["Bucket"] == {"Ref": "Bucket"}]
@@ -326,7 +200,7 @@ def test_function_is_small_arm64_python312(name: str) -> None:
         assert 256 <= parameter["Default"] <= 512 and parameter["MaxValue"] <= 1024
     else:
         assert 256 <= memory <= 512
-    limit = 900 if name in TURN_RUNNERS else 300 if name in SCHEDULED else 29
+    limit = 900 if name in TURN_RUNNERS else 300 if name in SCHEDULED + STREAM_CONSUMERS else 29
     assert 1 <= function["Timeout"] <= limit
     for key in ("VpcConfig", "ProvisionedConcurrencyConfig", "FileSystemConfigs", "Tracing", "DeploymentPreference"):
         assert key not in function, f"{name}: {key} costs money while idle or per request"
@@ -375,9 +249,14 @@ def test_no_vpc_nat_or_always_on_capacity() -> None:
             if resource["Type"] == "AWS::EC2::VPCEndpoint":
                 assert resource["Properties"]["VpcEndpointType"] == "Gateway", name
     assert "AWS::EC2::NatGateway" not in types
-    # ECS: a cluster and a task definition; tasks are started on demand (no service, no instances)
-    assert not types & {"AWS::ECS::Service", "AWS::AutoScaling::AutoScalingGroup", "AWS::EC2::Instance",
-                        "AWS::ECS::CapacityProvider"}
+    # ECS: tasks are started on demand (no instances); the one service is the turn hosts', at 0 tasks
+    # unless Application Auto Scaling (minimum 0) adds some
+    assert not types & {"AWS::AutoScaling::AutoScalingGroup", "AWS::EC2::Instance", "AWS::ECS::CapacityProvider"}
+    services = _resources("AWS::ECS::Service")
+    assert list(services) == ["TurnHostService"]
+    assert services["TurnHostService"]["Properties"]["DesiredCount"] == 0
+    targets = _resources("AWS::ApplicationAutoScaling::ScalableTarget")
+    assert [t["Properties"]["MinCapacity"] for t in targets.values()] == [0]
     forbidden = {"ProvisionedConcurrencyConfig", "ProvisionedConcurrentExecutions", "ProvisionedThroughput",
                  "ReservedConcurrentExecutions", "VpcConfig"}
     assert not [key for key, _ in _walk(_template()) if key in forbidden]
@@ -403,6 +282,8 @@ def test_chat_turn_is_published_with_snapstart_and_not_retried() -> None:
         apply_on = _template()["Parameters"][apply_on["Ref"]]["Default"]
     assert apply_on == "PublishedVersions"
     assert chat["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
+    # SnapStart bills the cache of every kept version: a replaced one is deleted at the next deploy
+    assert chat["VersionDeletionPolicy"] == "Delete"
     assert "Events" not in chat, "chat_turn is only invoked asynchronously (by ws_default and turn_sweep)"
 
 
@@ -419,6 +300,12 @@ def test_environment_of_every_function() -> None:
             "https://${WebSocketApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}/${WebSocketStageName}")
         assert _text(variables["AVM_CONFIG_PATH"]) == "/agentvm/${AWS::StackName}/"
         assert ("AVM_CHAT_TURN_FUNCTION" in variables) == (name in CHAT_TURN_STARTERS)
+        assert variables["AVM_STREAM_MAX_FLUSH_MS"] == "2000", name
+        assert variables["AVM_HISTORY_HOT_DAYS"] == {"Ref": "HistoryHotDays"}, name
+        if name in TURN_DISPATCHERS:
+            assert variables["AVM_TURN_QUEUE_URL"] == {"Fn::If": ["HasTurnHostTier", {"Ref": "TurnQueue"}, NO_VALUE]}
+        else:
+            assert "AVM_TURN_QUEUE_URL" not in variables, name
     for name in CHAT_TURN_STARTERS:
         assert _function(name)["Environment"]["Variables"]["AVM_CHAT_TURN_FUNCTION"] == {
             "Ref": "ChatTurnFunction.Alias"}
@@ -510,9 +397,14 @@ def test_policies_are_least_privilege(name: str) -> None:
             assert resource != "*", f"{name}: {actions} on every resource"
             text = _text(resource)
             if service == "dynamodb":
-                assert text in ("${Table.Arn}", "${Table.Arn}/index/*"), f"{name}: {text}"
+                assert text in ("${Table.Arn}", "${Table.Arn}/index/*", "${Table.Arn}/stream/*"), f"{name}: {text}"
                 if text.endswith("/index/*"):
                     assert set(actions) <= {"dynamodb:Query"}, f"{name}: indexes are only queried"
+                if text.endswith("/stream/*"):
+                    assert name in STREAM_CONSUMERS, f"{name} reads the table's stream"
+                    assert set(actions) == STREAM_READ, f"{name}: {actions} on the stream"
+                else:
+                    assert not set(actions) & STREAM_READ, f"{name}: stream actions on {text}"
             elif service == "s3":
                 assert text.startswith("${Bucket.Arn}"), f"{name}: {text}"
                 if text == "${Bucket.Arn}":  # listing only: object access stays per prefix
@@ -533,6 +425,10 @@ def test_policies_are_least_privilege(name: str) -> None:
                 assert actions == ["execute-api:ManageConnections"]
             elif service == "lambda":
                 assert actions == ["lambda:InvokeFunction"]
+            elif service == "sqs":  # only to send: turns to the hosts, failed archive batches to their queue
+                assert actions == ["sqs:SendMessage"], f"{name}: {actions}"
+                expected = TURN_QUEUE_ARN if name in TURN_DISPATCHERS else {"Fn::GetAtt": ["ArchiveFailures", "Arn"]}
+                assert resource == expected and name in TURN_DISPATCHERS | set(STREAM_CONSUMERS), f"{name}: {text}"
             else:
                 raise AssertionError(f"{name}: unexpected service {service}")
 
@@ -632,7 +528,9 @@ def test_the_turn_sweep_runs_on_a_schedule_and_only_reads_and_starts_chat_turn()
     assert re.fullmatch(parameter["AllowedPattern"], "rate(1 minute)")
     assert not re.fullmatch(parameter["AllowedPattern"], "every minute")
     actions = {a for st in _statements("TurnSweepFunction") for a in _as_list(st["Action"])}
-    assert actions == {"dynamodb:Query", "dynamodb:BatchGetItem", "dynamodb:GetItem", "lambda:InvokeFunction"}
+    # (with the turn-host tier: a Query of the host directory and sending turns to the hosts' queue)
+    assert actions == {"dynamodb:Query", "dynamodb:BatchGetItem", "dynamodb:GetItem", "lambda:InvokeFunction",
+                       "sqs:SendMessage"}
 
 
 def test_outputs() -> None:
