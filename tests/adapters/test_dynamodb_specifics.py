@@ -384,6 +384,21 @@ async def test_messages_come_back_in_insertion_order_whatever_their_ids_and_time
     assert got[0].turn_id is None and got[-1].turn_id == "t" and got[0].body == {"id": "m_z", "timestamp": 100}
 
 
+async def test_a_long_message_body_is_stored_compressed_and_read_back_exactly(store: DynamoDBStore) -> None:
+    await store.create_image(*image("t1", "i1"))
+    prose = " ".join(f"the answer to question {n} is in the data of the server" for n in range(40))  # ~2.2 KB
+    long = {"id": "m_long", "role": "assistant", "timestamp": 5, "content": [{"type": "text", "text": prose}]}
+    short = {"id": "m_short", "role": "user", "timestamp": 4, "content": "hello"}
+    await store.commit(Checkpoint("t1", "sess_i1", messages=[StoredMessage("sess_i1", "m_short", short, None),
+                                                             StoredMessage("sess_i1", "m_long", long, "t")]))
+    items = {i["message_id"]["S"]: i for i in await raw_partition(store, "SESS#t1#sess_i1") if "message_id" in i}
+    assert "body" in items["m_short"] and "bz" not in items["m_short"]
+    assert "bz" in items["m_long"] and "body" not in items["m_long"]
+    assert len(items["m_long"]["bz"]["B"]) < 1024 < len(prose)  # one write unit instead of three
+    assert [m.body for m in await store.list_messages("t1", "sess_i1")] == [short, long]
+    assert [m.body for m in await store.list_messages_since("t1", "sess_i1", 0)] == [short, long]
+
+
 async def test_unfinished_turns_live_in_a_sparse_status_index(store: DynamoDBStore) -> None:
     for tenant in ("t1", "t2"):
         await store.create_image(*image(tenant, "i1"))

@@ -301,3 +301,20 @@ async def test_search_covers_the_hot_window_only(make_store: Callable[..., Await
     calls = Calls(forever)
     assert await forever.search_messages("t1", "nothing") == ([], None)
     assert calls.take() == ["Query"] * 24
+
+
+async def test_a_compressed_message_body_is_archived_as_json_text_and_read_back(
+        make_store: Callable[..., Awaitable[DynamoDBStore]]) -> None:
+    from agentvm.adapters.aws.s3_history_archive import decode_items, encode_items
+
+    store = await make_store(history_hot_days=30)
+    await store.create_image(*image("t1", "i1"))
+    prose = " ".join(f"the answer to question {n} is in the data of the server" for n in range(40))
+    body = {"id": "m_long", "role": "assistant", "timestamp": 5, "content": [{"type": "text", "text": prose}]}
+    await store.commit(Checkpoint("t1", "sess_i1", messages=[StoredMessage("sess_i1", "m_long", body, None)]))
+    [item] = [i for i in await raw(store, "SESS#t1#sess_i1") if "message_id" in i]
+    assert "bz" in item  # the table keeps it compressed
+    for image_ in (item, lambda_json(item)):  # as the store wrote it, and as a stream record carries it
+        [archived] = decode_items(encode_items([image_]))
+        assert "bz" not in archived and orjson.loads(archived["body"]["S"]) == body
+        assert {k: v for k, v in archived.items() if k != "body"} == {k: v for k, v in image_.items() if k != "bz"}

@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import random
 import sys
 import tempfile
 import threading
@@ -374,10 +375,31 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+#: Words of ordinary English prose: a reply drawn from them compresses about as well as a real one
+#: (zlib ~2.5x), where a repeated chunk would compress ~40x and understate every stored byte.
+_PROSE = ("the of and to in is that for it as with was on be by this are or from at which an but not have "
+          "has had can will would should could model answer question data value function server request "
+          "response client session message system user time first second number result example because "
+          "however therefore between within without during before after while where when each other more "
+          "most some such only also than then them these those into over under about through ")
+_WORDS = tuple(_PROSE.split())
+
+
+def reply_chunks(n: int = DELTAS, seed: int = 17) -> list[str]:
+    """`n` deltas of ~20 characters of prose-like text (deterministic): ≈ 2,000 characters ≈ 500 tokens."""
+    rng = random.Random(seed)
+    chunks = []
+    for _ in range(n):
+        chunk = ""
+        while len(chunk) < 20:
+            chunk += rng.choice(_WORDS) + rng.choice((" ", " ", " ", " ", ", ", ". "))
+        chunks.append(chunk)
+    return chunks
+
+
 def _script(path: Path, gap_ms: float) -> None:
-    chunk = "lorem ipsum dolor s "  # 20 characters: 100 chunks ≈ 2,000 characters ≈ 500 tokens
     path.write_text(json.dumps({"rules": [
-        {"match": "LONGREPLY", "responses": [{"text": [chunk] * DELTAS, "delay_ms": gap_ms, "model": MODEL,
+        {"match": "LONGREPLY", "responses": [{"text": reply_chunks(), "delay_ms": gap_ms, "model": MODEL,
                                               "usage": {"input_tokens": 500, "output_tokens": 500}}]},
         {"match": "SHORTREPLY", "responses": [{"text": ["Sure."], "model": MODEL,
                                                "usage": {"input_tokens": 50, "output_tokens": 5}}]}]}))
@@ -430,6 +452,20 @@ async def measure(*, scale: float, endpoint: str, counter: CallCounter, script: 
                         m = counts.as_json(dict(sorted(invoked.items())), inbound=invoked.get("ws_default", 0))
                         m["turn_seconds"] = round(elapsed, 2)
                         out[str(n)] = m
+                # the same long reply to a client that asks for batched frames (docs/protocol.md): only its
+                # frames are counted; they do not depend on the conversation's length
+                async with StockClient(edge.url, ack=False, batch=True) as batched:
+                    other = await batched.new_image("bench", name="bench-batched", model=MODEL)
+                    await batched.turn(other["imageId"], "SHORTREPLY 1", timeout=60)
+                    await edge.settle(include_invokes=True, timeout=60)
+                    counter.reset()
+                    counter.enabled = True
+                    await batched.turn(other["imageId"], "LONGREPLY: a long answer please", timeout=120)
+                    await edge.settle(include_invokes=True, timeout=60)
+                    counter.enabled = False
+                    batched_posts = counter.reset().posts
+        for m in out.values():
+            m["frames_per_client"]["batched"] = batched_posts
         turns = await store.list_turns("bench", image["sessionId"])
         assert len(turns) == max(lengths) and all(t.status == "completed" for t in turns), turns[-3:]
     finally:

@@ -95,6 +95,26 @@ def _search_item(tenant_id: str, session_id: str, m: StoredMessage, created: int
     return item
 
 
+#: A message body above this many bytes is stored zlib-compressed (`bz`) when that is smaller: a write
+#: unit is per KB, and an assistant reply of ~2,000 characters of prose then costs 1 unit, not 3.
+BODY_COMPRESS_BYTES: Final = 512
+
+
+def _body_attrs(body: Mapping[str, Any]) -> Item:
+    """A message item's body: `body` (JSON text), or `bz` (the same, zlib-compressed) when it is long."""
+    raw = orjson.dumps(body)
+    if len(raw) > BODY_COMPRESS_BYTES:
+        packed = zlib.compress(raw, _ZLIB_LEVEL)
+        if len(packed) < len(raw):
+            return {"bz": {"B": packed}}
+    return {"body": _s(raw.decode())}
+
+
+def _message_body(item: Mapping[str, Any]) -> dict[str, Any]:
+    data = zlib.decompress(item["bz"]["B"]) if "bz" in item else item["body"]["S"]
+    return cast(dict[str, Any], orjson.loads(data))
+
+
 def _search_text(item: Mapping[str, Any]) -> str:
     return zlib.decompress(item["z"]["B"]).decode() if "z" in item else str(item["text"]["S"])
 

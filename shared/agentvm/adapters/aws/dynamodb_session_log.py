@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from botocore.exceptions import ClientError
 
 from agentvm.adapters.aws.dynamodb_event_blocks import (
@@ -25,6 +24,7 @@ from agentvm.adapters.aws.dynamodb_items import (
     TTL_ATTRIBUTE,
     Item,
     _alive,
+    _body_attrs,
     _conditional_failed,
     _evlog_keys,
     _expiring,
@@ -32,6 +32,7 @@ from agentvm.adapters.aws.dynamodb_items import (
     _int,
     _k,
     _key,
+    _message_body,
     _n,
     _opt_s,
     _put_opt,
@@ -88,7 +89,7 @@ class DynamoSessionLog(DynamoTable):
             created = int(m.body.get("timestamp", 0))
             sk = message_sk(m.message_id, created)
             item: Item = _expiring({"PK": pk, "SK": _s(sk), "message_id": _s(m.message_id),
-                                    "pos": _n(self._next_pos()), "body": _s(orjson.dumps(m.body).decode()),
+                                    "pos": _n(self._next_pos()), **_body_attrs(m.body),
                                     "created_at": _n(created)}, hot_until)
             _put_opt(item, "turn_id", m.turn_id)
             text = searchable_text(m.body)
@@ -110,7 +111,7 @@ class DynamoSessionLog(DynamoTable):
     async def list_messages(self, tenant_id: str, session_id: str) -> list[StoredMessage]:
         items = await self._session_history(tenant_id, session_id, "MSG#", "MSG#", "SESS")
         items.sort(key=lambda i: _int(i, "pos"))
-        return [StoredMessage(session_id, i["message_id"]["S"], orjson.loads(i["body"]["S"]), _opt_s(i, "turn_id"))
+        return [StoredMessage(session_id, i["message_id"]["S"], _message_body(i), _opt_s(i, "turn_id"))
                 for i in items]
 
     async def mark_archived(self, tenant_id: str, session_id: str) -> bool:
@@ -137,7 +138,7 @@ class DynamoSessionLog(DynamoTable):
             ExpressionAttributeValues={":pk": _s(_session_pk(tenant_id, session_id)),
                                        ":lo": _s(f"{_MSG_TIMED}{max(since_ms, 0):016d}"), ":hi": _s(f"{_MSG_TIMED}~")})
         items.sort(key=lambda i: _int(i, "pos"))
-        return [StoredMessage(session_id, i["message_id"]["S"], orjson.loads(i["body"]["S"]), _opt_s(i, "turn_id"))
+        return [StoredMessage(session_id, i["message_id"]["S"], _message_body(i), _opt_s(i, "turn_id"))
                 for i in items]
 
     async def read_events(self, tenant_id: str, session_id: str, after_seq: int,

@@ -30,6 +30,9 @@ zero-padded to 20 digits, so string order is numeric order.
 
 `{kn}` is `{kind}#{name}`.
 
+A message item holds the AgentX message as JSON text (`body`), or zlib-compressed (`bz`) when it is
+above 512 bytes and that is smaller: write units are per KB, and prose compresses about 2.5x.
+
 An event block, keyed by `{last}` (the last seq in it), holds events of one checkpoint:
 `first_seq`, `last_seq`, `n`, `created_at` and `oldest_created_at` (the newest and oldest event
 time, for pruning), and `data`, the zlib-compressed orjson of `[[seq, type, payload, created_at],

@@ -17,8 +17,10 @@ per sort key.
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import hashlib
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import quote
@@ -59,7 +61,19 @@ def object_key(tenant_id: str, session_id: str, first_created_ms: int, event_ids
 
 def encode_items(items: Sequence[Item]) -> bytes:
     """gzip JSON Lines; `mtime=0` so the same items give the same bytes (a retried PUT is identical)."""
-    return gzip.compress(b"".join(orjson.dumps(i) + b"\n" for i in items), mtime=0)
+    return gzip.compress(b"".join(orjson.dumps(_plain(i)) + b"\n" for i in items), mtime=0)
+
+
+def _plain(item: Item) -> Item:
+    """A message whose body the table keeps compressed (`bz`, base64 in a stream record) is archived
+    with its body as JSON text (`body`): the object is gzipped as a whole anyway, and Athena reads it."""
+    if "bz" not in item:
+        return item
+    packed = item["bz"]["B"]
+    data = zlib.decompress(base64.b64decode(packed) if isinstance(packed, str) else packed)
+    out = {k: v for k, v in item.items() if k != "bz"}
+    out["body"] = {"S": data.decode()}
+    return out
 
 
 def decode_items(data: bytes) -> list[Item]:
