@@ -1,54 +1,66 @@
 """The UsageLedger port in the AgentVM table (beside the Store's items).
 
-| Entity       | PK              | SK        | Index keys: GSI partition / sort                   | TTL        |
-|--------------|-----------------|-----------|----------------------------------------------------|------------|
-| Usage record | USAGE#{t}#{rid} | REC       | 1: TENANT#{t}#USAGE / {ended}#{rid}                | –          |
-|              |                 |           | 2: USAGEMON#{yyyy-mm}#{shard} / {ended}#{t}#{rid}  |            |
-| Budget       | BUDGET#{t}      | TENANT    | –                                                  | –          |
-| (key's)      | BUDGET#{t}      | KEY#{kid} | –                                                  | –          |
-| Spend        | SPEND#{t}       | {yyyy-mm} | –                                                  | –          |
-| (key's)      | SPEND#{t}#{kid} | {yyyy-mm} | –                                                  | –          |
-| Rate window  | RATE#{t}        | {minute}  | –                                                  | expires_at |
-| (key's)      | RATE#{t}#{kid}  | {minute}  | –                                                  | expires_at |
+| Entity       | PK                     | SK          | Index keys: GSI partition / sort                  | TTL        |
+|--------------|------------------------|-------------|---------------------------------------------------|------------|
+| Usage record | USAGE#{t}#{yyyy-mm}    | REC#{rid}   | 2: USAGEMON#{yyyy-mm}#{shard} / {ended}#{t}#{rid} | –          |
+| (before #17) | USAGE#{t}#{rid}        | REC         | 1: TENANT#{t}#USAGE / {ended}#{rid}, and 2        | –          |
+| Budget       | BUDGET#{t}             | TENANT      | –                                                 | –          |
+| (key's)      | BUDGET#{t}             | KEY#{kid}   | –                                                 | –          |
+| Spend        | SPEND#{t}              | {yyyy-mm}   | –                                                 | –          |
+| (key's)      | SPEND#{t}#{kid}        | {yyyy-mm}   | –                                                 | –          |
+| Rate window  | RATE#{t}               | {minute}    | –                                                 | expires_at |
+| (key's)      | RATE#{t}#{kid}         | {minute}    | –                                                 | expires_at |
 
 `{ended}` is the record's `ended_at` (epoch ms, 16 digits), `{minute}` the window's epoch minute (12
-digits), `{shard}` crc32 of the tenant and record id modulo 8, `{yyyy-mm}` the UTC month.
+digits), `{shard}` crc32 of the tenant and record id modulo 8, `{yyyy-mm}` the UTC month (of a
+record: of its `ended_at`, its charge month).
 
-* A usage record is written once: its key is the tenant and the record id, and the write is
-  conditional on `attribute_not_exists(PK)`. Money (`list_cost`, `billed_cost`) is Decimal text, as
-  on turns. GSI1 (the tenant-wide lists, projection ALL) lists a tenant's records by end time. GSI2
-  (G2PK/G2SK, projection ALL; the Store uses it for container-wide lists) holds every record a
-  second time in a month partition split into 8 shards, so the operator's export of all tenants
-  reads 8 Queries per month of the range (in parallel) and never scans; a month's shard is one
-  partition key, so the write rate of all tenants together is spread over 8 of them.
+* A usage record is written once: its key is the tenant, its month and the record id, and the
+  PutItem is conditional on `attribute_not_exists(PK)`. Money (`list_cost`, `billed_cost`) is Decimal
+  text, as on turns. A tenant's records of a month are one partition, so `/v1/usage` reads them from
+  the table (strongly consistent, filtered by `ended_at`) and the record carries no GSI1 key: one
+  index write per record, GSI2. GSI2 (G2PK/G2SK, projection ALL; the Store uses it for
+  container-wide lists) holds every record in a month partition split into 8 shards, so the
+  operator's export of all tenants reads 8 Queries per month of the range (in parallel) and never
+  scans. Records written before this layout (PK `USAGE#{t}#{rid}`, with a GSI1 key) are still
+  listed: a tenant's list also Queries GSI1 (one more request, empty once none is left).
 * A budget's counters of a month are one item: `spent` and `reserved` as DynamoDB numbers (exact
   decimals; written as Decimal text, never float) and `committed` = spent + reserved, because a
   condition cannot add two attributes. `reserve` is one conditional UpdateItem
-  (`ADD reserved :a, committed :a SET #hold = :a` if `attribute_not_exists(committed) OR committed <=
-  :cap - :a`, where `#hold` is `hold#{turn}`: the counter notes each turn's hold while it lasts);
-  with a key budget too it is a TransactWriteItems of both updates, and the cancellation reasons
-  say which limit refused. `settle` is one TransactWriteItems: the conditional Put of the record and
-  one Update per counter item it changes (the hold leaves the reserved month, the billed cost joins
-  the record's own month: one item when they are the same month, two otherwise). Releasing a hold
-  (`settle`, `release`) removes the turn's note in the same update, on condition that it is still
-  there; `release_turn` (a dead runner's turn) reads the note and releases exactly that amount. So a
-  hold is released once, whichever comes first. A note is ~40 bytes: a counter item passes 1 KB (2
-  write units per update) only with some 20 calls of one tenant in flight at once.
+  (`ADD reserved :a, committed :a SET #hold = :note` if `attribute_not_exists(committed) OR committed
+  <= :cap - :a`, where `#hold` is `hold#{turn}` and the note `{amount}@{start}`: the counter notes
+  each turn's hold, and when its call started, while it lasts); with a key budget too it is a
+  TransactWriteItems of both updates, and the cancellation reasons say which limit refused.
+* `settle` is not a transaction: the record's PutItem, then per counter held (the tenant's, the
+  key's when the key has a budget) one UpdateItem that releases the hold and adds the cost, on
+  condition that the hold's note is still there, and removes it (a TransactWriteItems of the two
+  months' items when the record's month is not the hold's). A counter whose note is gone was
+  released by `release_turn` first: the cost is added by itself, unless `release_turn` found the
+  record and marked it `recovered` (it billed it). `release_turn` (a dead runner's turn) reads the
+  notes; for a note it looks for the record of that call (the turn's records of the months since
+  the call started whose `started_at` is the note's): found, it marks it and settles each noted
+  counter from it; else it releases exactly the amount noted. Every counter update is conditional
+  on the note, so a hold is released once, and a cost added once, whichever comes first. The crash
+  windows are in docs/billing.md. A note is ~50 bytes: a counter item passes 1 KB (2 write units
+  per update) only with some 15 calls of one tenant in flight at once.
+* A key's counter is written only while the key has a budget (the hold says so: `key_held`).
 * A rate window is one item per budget and minute: `ADD n :one` if `attribute_not_exists(n) OR n
   < :limit`, with `expires_at` (the table's TTL, seconds) a few minutes after the window.
 * Budgets of a tenant share one partition: `list_budgets` is one strongly consistent Query.
 * Transactions on a busy counter item conflict with each other (TransactionConflict): those
   cancellations (nothing was written) are retried with full-jitter backoff.
 
-Requests per operation (R = read, W = write; a transaction bills 2 write units per item per KB, a
-GSI write 1 per index): put_budget 1 W · delete_budget 1 W · list_budgets 1 R · reserve: no cap 0,
-one cap 1 W (UpdateItem), tenant and key 1 W (TransactWriteItems, 2 items) · settle 1 W
-(TransactWriteItems: the record + 1 counter, +1 when the months differ, ×2 with a key; a PutItem when
-no counter changes; a late settle whose hold `release_turn` took: 2 W, the first one refused) — plus 2
-index writes for the record · release 1 W (UpdateItem; a transaction of 2 with the key) · release_turn
-1 R per month and counter, +1 W per hold found · spend 1 R · admit: no limit 0, one limit 1 W, both
-1 W (TransactWriteItems, 2 items) · list_usage 1 R/page (a tenant), 8 R/page per month of the range
-(all tenants).
+Requests per operation (R = read, W = write; write units: an item's ceil(KB), +1 per index it is
+in; a transaction bills twice): put_budget 1 W · delete_budget 1 W · list_budgets 1 R · reserve: no
+cap 0, one cap 1 W (UpdateItem, 1 unit), tenant and key 1 W (TransactWriteItems, 2 items) · settle:
+PutItem (2 units: the record and GSI2) + 1 UpdateItem per counter held (1 unit each; with no hold, 1
+UpdateItem of the tenant's counter when the cost is not 0; a TransactWriteItems of 2 items per
+counter when the months differ); a priced call under a tenant budget: hold 1 + record 2 + counter 1
+= 4 units · release 1 W (UpdateItem; a transaction of 2 with the key) · release_turn 1 R per month
+and counter, + 1 Query per month since the call (when a note was found), +1 W (record mark) when
+the record is found, +1 W per note · spend 1 R · admit: no limit 0, one limit 1 W, both 1 W
+(TransactWriteItems, 2 items) · list_usage 1 R/page per month of the range + 1 R (GSI1: records of
+the former layout) (a tenant), 8 R/page per month of the range (all tenants).
 """
 
 from __future__ import annotations
