@@ -472,21 +472,25 @@ class UsageLedger(Protocol):
         ...
 
     async def reserve(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
-                      turn_id: str, tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
+                      turn_id: str, tenant_cap: Decimal | None, key_cap: Decimal | None,
+                      at_ms: int = 0) -> str | None:
         """Atomically add `amount` to `reserved` of the tenant's counter (and the key's, when `key_cap`
-        is set) unless that takes spent + reserved past a cap, as the hold of `turn_id`. None when
+        is set) unless that takes spent + reserved past a cap, as the hold of `turn_id` for the call
+        starting at `at_ms` (its record's `started_at`: recovery finds the record by it). None when
         held; else which limit refused, "tenant" or "key", and nothing is held. No cap at all: nothing
         is written."""
         ...
 
     async def settle(self, record: UsageRecord, *, reserved: Decimal, reserved_period: str,
                      key_held: bool) -> bool:
-        """Write the record once (by tenant and `record_id`) and, in the same transaction, release
-        `reserved` from the tenant's counter of `reserved_period` (and the key's, when `key_held`) and add
-        `record.billed_cost` to spent of the record's own period, for the tenant and, when the record has
-        a key, the key. The hold released is `record.turn_id`'s; when that turn holds nothing any more
-        (`release_turn` came first) only the record and its cost are written. False, with nothing
-        changed, when the record already exists."""
+        """Write the record once (by tenant, month and `record_id`), release `reserved` from the tenant's
+        counter of `reserved_period` (and the key's, when `key_held`) and add `record.billed_cost` to spent
+        of the record's own period on the same counters (a key's counter only while the key has a
+        budget). The hold released is `record.turn_id`'s; when that turn holds nothing any more
+        (`release_turn` came first) only the record and its cost are written (unless `release_turn`
+        found the record and billed it). Not necessarily one transaction (DynamoDB: record, then
+        counters), but a repeated call completes an interrupted one and never counts twice. False when
+        the record already existed."""
         ...
 
     async def release(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
@@ -498,7 +502,9 @@ class UsageLedger(Protocol):
     async def release_turn(self, tenant_id: str, key_id: str | None, turn_id: str,
                            periods: Sequence[str]) -> Decimal:
         """Drop whatever `turn_id` still holds in the months `periods` (its runner died during a
-        call). Returns the amount released from the tenant's counters (0 when nothing was held)."""
+        call); when the runner died after writing the call's record but before its counters, settle
+        the counters from that record instead. Returns the amount of hold released from the tenant's
+        counters (0 when nothing was held)."""
         ...
 
     async def spend(self, tenant_id: str, key_id: str | None, period: str) -> Spend:

@@ -21,6 +21,7 @@ from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 from agentvm.domain.models import Usage
 from agentvm.domain.usage import Budget, Spend, UsageRecord, minute_of, period_of
+from agentvm.ids import now_ms
 from agentvm.ports import Store, UsageLedger
 from tests.support.dynamodb_calls import Calls
 
@@ -260,23 +261,30 @@ async def test_settle_across_a_month_boundary(ledger: UsageLedger) -> None:
 
 
 async def test_settle_without_a_hold_or_a_key_hold(ledger: UsageLedger) -> None:
-    # no cap applied: nothing held, the cost is still counted (for the tenant and the record's key)
+    # no cap applied: nothing held, the cost is still counted for the tenant; a key's counter counts
+    # only while the key has a budget (key_held), so this key's is not written
     rec = _record("turn2#llm#1", key="k1", billed=Decimal("0.3"))
     assert await ledger.settle(rec, reserved=Decimal(0), reserved_period=P_NOV, key_held=False) is True
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.3"), Decimal(0))
-    assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal("0.3"), Decimal(0))
+    assert await ledger.spend("t1", "k1", P_NOV) == Spend()
     # held on the tenant only (tenant cap, no key cap): the key's counter has nothing to release
     await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="turn2", tenant_cap=Decimal(10), key_cap=None)
     rec2 = _record("turn2#llm#2", key="k1", billed=Decimal("0.2"))
     assert await ledger.settle(rec2, reserved=Decimal(1), reserved_period=P_NOV, key_held=False) is True
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.5"), Decimal(0))
-    assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal("0.5"), Decimal(0))
+    assert await ledger.spend("t1", "k1", P_NOV) == Spend()
+    # held on the key too (a key budget): its counter counts the cost
+    await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="turn2", tenant_cap=None, key_cap=Decimal(10))
+    rec3 = _record("turn2#llm#3", key="k1", billed=Decimal("0.25"))
+    assert await ledger.settle(rec3, reserved=Decimal(1), reserved_period=P_NOV, key_held=True) is True
+    assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.75"), Decimal(0))
+    assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal("0.25"), Decimal(0))
     # a free sandbox record: written, no counter changes
     sandbox = _record("turn2#sandbox", kind="sandbox", provider="anthropic", model=None, usage=Usage(),
                       billed=Decimal(0), sandbox_ms=1234, tier="container")
     assert await ledger.settle(sandbox, reserved=Decimal(0), reserved_period=P_NOV, key_held=False) is True
     assert await ledger.settle(sandbox, reserved=Decimal(0), reserved_period=P_NOV, key_held=False) is False
-    assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.5"), Decimal(0))
+    assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.75"), Decimal(0))
     assert sandbox in await ledger.list_usage("t1", since_ms=0, until_ms=DEC_1)
 
 
@@ -308,11 +316,12 @@ async def test_release_turn_gives_back_what_a_dead_runners_turn_holds(ledger: Us
     # once only
     assert await ledger.release_turn("t1", "k1", "dead", [P_NOV]) == Decimal(0)
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal(0), Decimal("0.25"))
-    # the living turn's hold is untouched and settles as usual
+    # the living turn's hold is untouched and settles as usual (held on the tenant only: the key's
+    # counter, which counts only while the key's budget applies, does not change)
     rec = _record("alive#llm#1", key="k1", billed=Decimal("0.1"))
     assert await ledger.settle(rec, reserved=Decimal("0.25"), reserved_period=P_NOV, key_held=False) is True
     assert await ledger.spend("t1", None, P_NOV) == Spend(Decimal("0.1"), Decimal(0))
-    assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal("0.1"), Decimal(0))
+    assert await ledger.spend("t1", "k1", P_NOV) == Spend(Decimal(0), Decimal(0))
 
 
 async def test_a_late_settle_after_release_turn_bills_the_cost_and_releases_nothing_twice(
@@ -443,8 +452,12 @@ async def test_dynamodb_request_counts(dynamodb: DynamoDBStore) -> None:
     assert await calls.ops(ledger.reserve("t1", "k1", P_NOV, d(1), turn_id="x", tenant_cap=d(5), key_cap=d(5))) == \
         ["TransactWriteItems"]
     rec = _record("x#llm#1", key="k1")
+    # no transaction: the record, then one conditional update per counter held
     assert await calls.ops(ledger.settle(rec, reserved=d(1), reserved_period=P_NOV, key_held=True)) == \
-        ["TransactWriteItems"]
+        ["PutItem", "UpdateItem", "UpdateItem"]
+    await ledger.reserve("t1", "k1", P_NOV, d(1), turn_id="x", tenant_cap=d(5), key_cap=None)
+    assert await calls.ops(ledger.settle(_record("x#llm#2", key="k1"), reserved=d(1), reserved_period=P_NOV,
+                                         key_held=False)) == ["PutItem", "UpdateItem"]
     sandbox = _record("x#sandbox", billed=d(0))
     assert await calls.ops(ledger.settle(sandbox, reserved=d(0), reserved_period=P_NOV, key_held=False)) == ["PutItem"]
     assert await calls.ops(ledger.release("t1", None, P_NOV, d(1), turn_id="x", key_held=False)) == ["UpdateItem"]
@@ -453,7 +466,9 @@ async def test_dynamodb_request_counts(dynamodb: DynamoDBStore) -> None:
     assert await calls.ops(ledger.admit("t1", "k1", 5, tenant_limit=3, key_limit=None)) == ["UpdateItem"]
     assert await calls.ops(ledger.admit("t1", "k1", 5, tenant_limit=3, key_limit=3)) == ["TransactWriteItems"]
     assert await calls.ops(ledger.list_budgets("t1")) == ["Query"]
-    assert await calls.ops(ledger.list_usage("t1", since_ms=0, until_ms=DEC_1)) == ["Query"]
+    # one Query per month of the range, + one of GSI1 for records written before the month key
+    assert await calls.ops(ledger.list_usage("t1", since_ms=NOV, until_ms=DEC_1)) == ["Query", "Query"]
+    assert await calls.ops(ledger.list_usage("t1", since_ms=NOV, until_ms=DEC_1 + 1)) == ["Query"] * 3
     assert await calls.ops(ledger.list_usage(None, since_ms=NOV, until_ms=DEC_1)) == ["Query"] * 8
     assert len(await calls.ops(ledger.list_usage(None, since_ms=NOV, until_ms=DEC_1 + 1))) == 16
 
@@ -465,16 +480,43 @@ async def test_dynamodb_settle_writes_one_item_per_counter(dynamodb: DynamoDBSto
         await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="y", tenant_cap=Decimal(5), key_cap=Decimal(5))
         calls.log.clear()
         await ledger.settle(record, reserved=Decimal(1), reserved_period=P_NOV, key_held=True)
-        sizes += [len(params["TransactItems"]) for name, params in calls.log if name == "TransactWriteItems"]
-    assert sizes == [3, 5]  # the record + tenant and key counters (of one month, then of two)
+        sizes.append([len(params.get("TransactItems", [params])) for name, params in calls.log])
+    # the record, then per counter (tenant, key) one update; when the record's month is not the hold's,
+    # a transaction of the hold's month (released) and the record's (cost added)
+    assert sizes == [[1, 1, 1], [1, 2, 2]]
+
+
+async def test_dynamodb_a_settle_writes_3_units_with_a_tenant_budget(dynamodb: DynamoDBStore) -> None:
+    """The record (one item of < 1 KB and its one index, GSI2) and the counter: 1 + 1 + 1 write units,
+    after the hold's 1 (docs/billing.md); the record is not in GSI1 any more."""
+    ledger = DynamoDBUsageLedger(dynamodb)
+    rec = _record("u#llm#1", key="k1", started_at=NOV - 1500)
+    await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="u", tenant_cap=Decimal(5), key_cap=None,
+                         at_ms=rec.started_at)
+    assert await ledger.settle(rec, reserved=Decimal(1), reserved_period=P_NOV, key_held=False)
+    res = await dynamodb.client.query(TableName=dynamodb.table_name, KeyConditionExpression="PK = :pk",
+                                      ExpressionAttributeValues={":pk": {"S": "USAGE#t1#2026-11"}})
+    (item,) = res["Items"]
+    assert item["SK"] == {"S": "REC#u%23llm%231"}
+    assert "G1PK" not in item and item["G2PK"]["S"].startswith("USAGEMON#2026-11#")
+    size = sum(len(k) + len(str(next(iter(v.values())))) for k, v in item.items())
+    assert size < 1024, size
+    counter = (await dynamodb.client.get_item(TableName=dynamodb.table_name,
+                                              Key={"PK": {"S": "SPEND#t1"}, "SK": {"S": P_NOV}}))["Item"]
+    assert "hold#u" not in counter and counter["spent"] == {"N": "0.00000105"}
 
 
 async def test_dynamodb_release_turn_request_counts(dynamodb: DynamoDBStore) -> None:
     ledger, calls = DynamoDBUsageLedger(dynamodb), Calls(dynamodb)
     await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="w", tenant_cap=Decimal(5), key_cap=Decimal(5))
-    # one read per month and counter; an update per hold found
+    # one read per month and counter; an update per hold found (a hold noted without its time: no record
+    # can be its call's, so none is looked for)
     assert await calls.ops(ledger.release_turn("t1", "k1", "w", [P_NOV, P_DEC])) == \
-        ["GetItem", "UpdateItem", "GetItem", "UpdateItem", "GetItem", "GetItem"]
+        ["GetItem", "GetItem", "GetItem", "GetItem", "UpdateItem", "UpdateItem"]
+    # a hold noted with its time: its call's record is looked for (a Query per month since the hold)
+    await ledger.reserve("t1", None, P_NOV, Decimal(1), turn_id="v", tenant_cap=Decimal(5), key_cap=None,
+                         at_ms=now_ms() - 1000)
+    assert await calls.ops(ledger.release_turn("t1", None, "v", [P_NOV])) == ["GetItem", "Query", "UpdateItem"]
     assert await calls.ops(ledger.release_turn("t1", None, "w", [P_NOV])) == ["GetItem"]
 
 
@@ -496,6 +538,12 @@ class _ConflictingClient:
         self.conflicts = conflicts
         self.calls = 0
 
+    async def put_item(self, **params: object) -> dict[str, object]:
+        return {}
+
+    async def update_item(self, **params: object) -> dict[str, object]:
+        return {}
+
     async def transact_write_items(self, **params: object) -> dict[str, object]:
         self.calls += 1
         if self.calls <= self.conflicts:
@@ -512,7 +560,9 @@ async def test_dynamodb_conflicting_transactions_are_tried_again() -> None:
     assert await ledger.reserve("t1", "k1", P_NOV, Decimal(1),
                                 turn_id="z", tenant_cap=Decimal(5), key_cap=Decimal(5)) is None
     assert client.calls == 3
-    assert await ledger.settle(_record("z#llm#1"), reserved=Decimal(1), reserved_period=P_NOV, key_held=False)
+    assert await ledger.settle(_record("z#llm#1", ended=DEC_1), reserved=Decimal(1), reserved_period=P_NOV,
+                               key_held=False)  # across a month: a transaction (of 2 counters)
+    assert client.calls == 4
     # past the attempts: the conflict is raised
     store.backoff_attempts = 2
     client.conflicts, client.calls = 5, 0

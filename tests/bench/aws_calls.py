@@ -17,8 +17,8 @@ counted from the message frame until `chat_turn` returns, at `stream.flushMs` = 
   request items, or from `ALL_NEW`/`ALL_OLD` attributes for UpdateItem (the larger of the item
   before and after); deletes count 1; plus the index writes of each put, see `index_units`;
   TransactWriteItems twice), of them the metering requests (budget hold, usage record, spend
-  counter), read requests and read units (ceil(size / 4 KB) of the returned items, minimum 1; half
-  for an eventually consistent read);
+  counter: 3 requests, 4 units with a tenant budget), read requests and read units (ceil(size /
+  4 KB) of the returned items, minimum 1; half for an eventually consistent read);
 * Lambda invocations per function and inbound frames.
 
 `--detail` prints every DynamoDB request of each counted turn: the function that made it, the

@@ -119,8 +119,8 @@ CounterDeltas = dict[tuple[str | None, str], tuple[Decimal, Decimal]]
 
 def settle_deltas(record: UsageRecord, *, reserved: Decimal, reserved_period: str, key_held: bool) -> CounterDeltas:
     """What a ledger's `settle` changes: the hold leaves `reserved_period`, the billed cost joins the
-    record's own period; for the tenant (key None) and (hold: when `key_held`; cost: when the record has
-    a key) its key. One entry per counter: a DynamoDB transaction may name an item only once."""
+    record's own period; for the tenant (key None) and, when `key_held` (the key has a budget), its
+    key: a key's counter counts only while the key has a budget. One entry per counter."""
     zero = Decimal(0)
     deltas: CounterDeltas = {}
 
@@ -135,7 +135,7 @@ def settle_deltas(record: UsageRecord, *, reserved: Decimal, reserved_period: st
             add(key, reserved_period, zero, -reserved)
     if record.billed_cost != 0:
         add(None, record.period, record.billed_cost, zero)
-        if key is not None:
+        if key_held and key is not None:
             add(key, record.period, record.billed_cost, zero)
     return deltas
 

@@ -148,7 +148,7 @@ class Meter:
             return Hold(period, Decimal(0), False, now)
         amount = worst_cost(request, markup=markup, prices=prices)
         refused = await self.ledger.reserve(turn.tenant_id, turn.key_id, period, amount, turn_id=turn.turn_id,
-                                            tenant_cap=tenant_cap, key_cap=key_cap)
+                                            tenant_cap=tenant_cap, key_cap=key_cap, at_ms=now)
         if refused is not None:
             cap = tenant_cap if refused == "tenant" else key_cap
             whose = "this tenant's" if refused == "tenant" else "this API key's"
@@ -204,8 +204,13 @@ class Meter:
         return record
 
     async def _write(self, record: UsageRecord, hold: Hold) -> None:
-        try:
-            await self.ledger.settle(record, reserved=hold.amount, reserved_period=hold.period,
-                                     key_held=hold.key_held)
-        except Exception:
-            log.exception("usage record not written", extra={"usage_record": record.to_wire()})
+        """A failed settle is tried once more: the ledger completes an interrupted settle and never
+        counts one twice (a record written by the first try is not written again)."""
+        for attempt in (1, 2):
+            try:
+                await self.ledger.settle(record, reserved=hold.amount, reserved_period=hold.period,
+                                         key_held=hold.key_held)
+                return
+            except Exception:
+                if attempt == 2:
+                    log.exception("usage record not written", extra={"usage_record": record.to_wire()})

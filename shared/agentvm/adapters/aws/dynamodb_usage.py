@@ -1,54 +1,66 @@
 """The UsageLedger port in the AgentVM table (beside the Store's items).
 
-| Entity       | PK              | SK        | Index keys: GSI partition / sort                   | TTL        |
-|--------------|-----------------|-----------|----------------------------------------------------|------------|
-| Usage record | USAGE#{t}#{rid} | REC       | 1: TENANT#{t}#USAGE / {ended}#{rid}                | –          |
-|              |                 |           | 2: USAGEMON#{yyyy-mm}#{shard} / {ended}#{t}#{rid}  |            |
-| Budget       | BUDGET#{t}      | TENANT    | –                                                  | –          |
-| (key's)      | BUDGET#{t}      | KEY#{kid} | –                                                  | –          |
-| Spend        | SPEND#{t}       | {yyyy-mm} | –                                                  | –          |
-| (key's)      | SPEND#{t}#{kid} | {yyyy-mm} | –                                                  | –          |
-| Rate window  | RATE#{t}        | {minute}  | –                                                  | expires_at |
-| (key's)      | RATE#{t}#{kid}  | {minute}  | –                                                  | expires_at |
+| Entity       | PK                     | SK          | Index keys: GSI partition / sort                  | TTL        |
+|--------------|------------------------|-------------|---------------------------------------------------|------------|
+| Usage record | USAGE#{t}#{yyyy-mm}    | REC#{rid}   | 2: USAGEMON#{yyyy-mm}#{shard} / {ended}#{t}#{rid} | –          |
+| (before #17) | USAGE#{t}#{rid}        | REC         | 1: TENANT#{t}#USAGE / {ended}#{rid}, and 2        | –          |
+| Budget       | BUDGET#{t}             | TENANT      | –                                                 | –          |
+| (key's)      | BUDGET#{t}             | KEY#{kid}   | –                                                 | –          |
+| Spend        | SPEND#{t}              | {yyyy-mm}   | –                                                 | –          |
+| (key's)      | SPEND#{t}#{kid}        | {yyyy-mm}   | –                                                 | –          |
+| Rate window  | RATE#{t}               | {minute}    | –                                                 | expires_at |
+| (key's)      | RATE#{t}#{kid}         | {minute}    | –                                                 | expires_at |
 
 `{ended}` is the record's `ended_at` (epoch ms, 16 digits), `{minute}` the window's epoch minute (12
-digits), `{shard}` crc32 of the tenant and record id modulo 8, `{yyyy-mm}` the UTC month.
+digits), `{shard}` crc32 of the tenant and record id modulo 8, `{yyyy-mm}` the UTC month (of a
+record: of its `ended_at`, its charge month).
 
-* A usage record is written once: its key is the tenant and the record id, and the write is
-  conditional on `attribute_not_exists(PK)`. Money (`list_cost`, `billed_cost`) is Decimal text, as
-  on turns. GSI1 (the tenant-wide lists, projection ALL) lists a tenant's records by end time. GSI2
-  (G2PK/G2SK, projection ALL; the Store uses it for container-wide lists) holds every record a
-  second time in a month partition split into 8 shards, so the operator's export of all tenants
-  reads 8 Queries per month of the range (in parallel) and never scans; a month's shard is one
-  partition key, so the write rate of all tenants together is spread over 8 of them.
+* A usage record is written once: its key is the tenant, its month and the record id, and the
+  PutItem is conditional on `attribute_not_exists(PK)`. Money (`list_cost`, `billed_cost`) is Decimal
+  text, as on turns. A tenant's records of a month are one partition, so `/v1/usage` reads them from
+  the table (strongly consistent, filtered by `ended_at`) and the record carries no GSI1 key: one
+  index write per record, GSI2. GSI2 (G2PK/G2SK, projection ALL; the Store uses it for
+  container-wide lists) holds every record in a month partition split into 8 shards, so the
+  operator's export of all tenants reads 8 Queries per month of the range (in parallel) and never
+  scans. Records written before this layout (PK `USAGE#{t}#{rid}`, with a GSI1 key) are still
+  listed: a tenant's list also Queries GSI1 (one more request, empty once none is left).
 * A budget's counters of a month are one item: `spent` and `reserved` as DynamoDB numbers (exact
   decimals; written as Decimal text, never float) and `committed` = spent + reserved, because a
   condition cannot add two attributes. `reserve` is one conditional UpdateItem
-  (`ADD reserved :a, committed :a SET #hold = :a` if `attribute_not_exists(committed) OR committed <=
-  :cap - :a`, where `#hold` is `hold#{turn}`: the counter notes each turn's hold while it lasts);
-  with a key budget too it is a TransactWriteItems of both updates, and the cancellation reasons
-  say which limit refused. `settle` is one TransactWriteItems: the conditional Put of the record and
-  one Update per counter item it changes (the hold leaves the reserved month, the billed cost joins
-  the record's own month: one item when they are the same month, two otherwise). Releasing a hold
-  (`settle`, `release`) removes the turn's note in the same update, on condition that it is still
-  there; `release_turn` (a dead runner's turn) reads the note and releases exactly that amount. So a
-  hold is released once, whichever comes first. A note is ~40 bytes: a counter item passes 1 KB (2
-  write units per update) only with some 20 calls of one tenant in flight at once.
+  (`ADD reserved :a, committed :a SET #hold = :note` if `attribute_not_exists(committed) OR committed
+  <= :cap - :a`, where `#hold` is `hold#{turn}` and the note `{amount}@{start}`: the counter notes
+  each turn's hold, and when its call started, while it lasts); with a key budget too it is a
+  TransactWriteItems of both updates, and the cancellation reasons say which limit refused.
+* `settle` is not a transaction: the record's PutItem, then per counter held (the tenant's, the
+  key's when the key has a budget) one UpdateItem that releases the hold and adds the cost, on
+  condition that the hold's note is still there, and removes it (a TransactWriteItems of the two
+  months' items when the record's month is not the hold's). A counter whose note is gone was
+  released by `release_turn` first: the cost is added by itself, unless `release_turn` found the
+  record and marked it `recovered` (it billed it). `release_turn` (a dead runner's turn) reads the
+  notes; for a note it looks for the record of that call (the turn's records of the months since
+  the call started whose `started_at` is the note's): found, it marks it and settles each noted
+  counter from it; else it releases exactly the amount noted. Every counter update is conditional
+  on the note, so a hold is released once, and a cost added once, whichever comes first. The crash
+  windows are in docs/billing.md. A note is ~50 bytes: a counter item passes 1 KB (2 write units
+  per update) only with some 15 calls of one tenant in flight at once.
+* A key's counter is written only while the key has a budget (the hold says so: `key_held`).
 * A rate window is one item per budget and minute: `ADD n :one` if `attribute_not_exists(n) OR n
   < :limit`, with `expires_at` (the table's TTL, seconds) a few minutes after the window.
 * Budgets of a tenant share one partition: `list_budgets` is one strongly consistent Query.
 * Transactions on a busy counter item conflict with each other (TransactionConflict): those
   cancellations (nothing was written) are retried with full-jitter backoff.
 
-Requests per operation (R = read, W = write; a transaction bills 2 write units per item per KB, a
-GSI write 1 per index): put_budget 1 W · delete_budget 1 W · list_budgets 1 R · reserve: no cap 0,
-one cap 1 W (UpdateItem), tenant and key 1 W (TransactWriteItems, 2 items) · settle 1 W
-(TransactWriteItems: the record + 1 counter, +1 when the months differ, ×2 with a key; a PutItem when
-no counter changes; a late settle whose hold `release_turn` took: 2 W, the first one refused) — plus 2
-index writes for the record · release 1 W (UpdateItem; a transaction of 2 with the key) · release_turn
-1 R per month and counter, +1 W per hold found · spend 1 R · admit: no limit 0, one limit 1 W, both
-1 W (TransactWriteItems, 2 items) · list_usage 1 R/page (a tenant), 8 R/page per month of the range
-(all tenants).
+Requests per operation (R = read, W = write; write units: an item's ceil(KB), +1 per index it is
+in; a transaction bills twice): put_budget 1 W · delete_budget 1 W · list_budgets 1 R · reserve: no
+cap 0, one cap 1 W (UpdateItem, 1 unit), tenant and key 1 W (TransactWriteItems, 2 items) · settle:
+PutItem (2 units: the record and GSI2) + 1 UpdateItem per counter held (1 unit each; with no hold, 1
+UpdateItem of the tenant's counter when the cost is not 0; a TransactWriteItems of 2 items per
+counter when the months differ); a priced call under a tenant budget: hold 1 + record 2 + counter 1
+= 4 units · release 1 W (UpdateItem; a transaction of 2 with the key) · release_turn 1 R per month
+and counter, + 1 Query per month since the call (when a note was found), +1 W (record mark) when
+the record is found, +1 W per note · spend 1 R · admit: no limit 0, one limit 1 W, both 1 W
+(TransactWriteItems, 2 items) · list_usage 1 R/page per month of the range + 1 R (GSI1: records of
+the former layout) (a tenant), 8 R/page per month of the range (all tenants).
 """
 
 from __future__ import annotations
@@ -84,7 +96,8 @@ from agentvm.adapters.aws.dynamodb_items import (
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.dynamodb_table import GSI_CONTAINER, GSI_TENANT
 from agentvm.domain.models import Usage
-from agentvm.domain.usage import Budget, Spend, UsageRecord, precheck_hold, settle_deltas
+from agentvm.domain.usage import Budget, Spend, UsageRecord, precheck_hold
+from agentvm.ids import now_ms
 
 _RECORD_SK: Final = "REC"
 _TENANT_BUDGET_SK: Final = "TENANT"
@@ -128,31 +141,65 @@ class DynamoDBUsageLedger:
     # ---- monthly counters --------------------------------------------------------------------
 
     async def reserve(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
-                      turn_id: str, tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
+                      turn_id: str, tenant_cap: Decimal | None, key_cap: Decimal | None,
+                      at_ms: int = 0) -> str | None:
         key_cap, verdict = precheck_hold(key_id, amount, tenant_cap, key_cap)
         if verdict != "check":
             return verdict
-        holds = [("tenant", _hold(_spend_key(tenant_id, None, period), amount, tenant_cap, turn_id))]
+        holds = [("tenant", _hold(_spend_key(tenant_id, None, period), amount, tenant_cap, turn_id, at_ms))]
         if key_cap is not None:
-            holds.append(("key", _hold(_spend_key(tenant_id, key_id, period), amount, key_cap, turn_id)))
+            holds.append(("key", _hold(_spend_key(tenant_id, key_id, period), amount, key_cap, turn_id, at_ms)))
         failed = await self._write([op for _which, op in holds])
         return next((which for (which, _op), f in zip(holds, failed, strict=False) if f), None)
 
     async def settle(self, record: UsageRecord, *, reserved: Decimal, reserved_period: str,
                      key_held: bool) -> bool:
-        put: Item = {"Put": {"Item": _record_item(record), "ConditionExpression": "attribute_not_exists(PK)"}}
-        held = reserved
-        while True:
-            deltas = settle_deltas(record, reserved=held, reserved_period=reserved_period, key_held=key_held)
-            ops = [put, *(_change(_spend_key(record.tenant_id, kid, period), spent, change,
-                                  record.turn_id if change else None)
-                          for (kid, period), (spent, change) in deltas.items())]
-            failed = await self._write(ops)
-            if not failed:
-                return True
-            if failed[0] or held == 0:
-                return False  # the record exists: settled before
-            held = _ZERO  # release_turn took the hold first: write the record and its cost only
+        """The record's conditional PutItem, then one UpdateItem per counter held (no transaction; the
+        crash windows and how each is closed are in docs/billing.md, "Crash windows")."""
+        written = not await self._write([{"Put": {"Item": _record_item(record),
+                                                  "ConditionExpression": "attribute_not_exists(PK)"}}])
+        counters: list[str | None] = [None]
+        if key_held and record.key_id is not None:
+            counters.append(record.key_id)
+        if reserved == 0:
+            if written and record.billed_cost != 0:
+                for kid in counters:
+                    await self._write([_change(_spend_key(record.tenant_id, kid, record.period), record.billed_cost,
+                                               _ZERO)])
+            return written
+        recovered: bool | None = None
+        for kid in counters:
+            if await self._apply(record, kid, reserved, reserved_period, _note(reserved, record.started_at)):
+                continue
+            # The hold's note is gone. A duplicate settle stops here. Otherwise release_turn came first: it
+            # either found this record (and marked it recovered: it billed the cost) or it did not (it only
+            # released the hold: the cost is still to add).
+            if written:
+                if recovered is None:
+                    recovered = await self._recovered(record)
+                if not recovered and record.billed_cost != 0:
+                    await self._write([_change(_spend_key(record.tenant_id, kid, record.period), record.billed_cost,
+                                               _ZERO)])
+        return written
+
+    async def _apply(self, record: UsageRecord, kid: str | None, held: Decimal, held_period: str,
+                     note: str) -> bool:
+        """Release the hold noted `note` from a counter and add the record's cost, if the note is still
+        there (one conditional UpdateItem; a TransactWriteItems of 2 when the record's month is not the
+        hold's). False when the note is gone (nothing changed)."""
+        t, cost = record.tenant_id, record.billed_cost
+        if held_period == record.period:
+            ops = [_change(_spend_key(t, kid, held_period), cost, -held, record.turn_id, note=note, legacy=held)]
+        else:
+            ops = [_change(_spend_key(t, kid, held_period), _ZERO, -held, record.turn_id, note=note, legacy=held),
+                   _change(_spend_key(t, kid, record.period), cost, _ZERO)]
+        return not any(await self._write(ops))
+
+    async def _recovered(self, record: UsageRecord) -> bool:
+        res = await self.store.client.get_item(TableName=self.store.table_name, Key=_record_key(record.tenant_id,
+                                               record.period, record.record_id), ConsistentRead=True,
+                                               ProjectionExpression="recovered")
+        return bool((res.get("Item") or {}).get("recovered", {}).get("BOOL", False))
 
     async def release(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
                       turn_id: str, key_held: bool) -> None:
@@ -166,24 +213,55 @@ class DynamoDBUsageLedger:
     async def release_turn(self, tenant_id: str, key_id: str | None, turn_id: str,
                            periods: Sequence[str]) -> Decimal:
         """Per month and counter (the tenant's, the key's): one strongly consistent GetItem of the
-        turn's hold attribute, and when it is there one conditional UpdateItem that releases it."""
+        turn's hold note. When one is there, the usage record of that hold is looked for (a Query of
+        the turn's records per month since the hold): a runner that died between writing the record
+        and updating the counters wrote it. Found, it is marked `recovered` and each counter gets
+        what the settle would have written (hold released, cost added); not found (the runner died
+        during the call), the hold is released. Each update is conditional on the note."""
         released = _ZERO
         names = {"#h": _hold_attribute(turn_id)}
+        notes: list[tuple[Item, str | None, str, Item]] = []
         for period in dict.fromkeys(periods):
             for kid in (None, key_id) if key_id is not None else (None,):
                 key = _spend_key(tenant_id, kid, period)
                 res = await self.store.client.get_item(TableName=self.store.table_name, Key=key, ConsistentRead=True,
                                                        ProjectionExpression="#h", ExpressionAttributeNames=names)
-                attr = (res.get("Item") or {}).get(names["#h"])
-                if attr is None:
-                    continue
-                amount = Decimal(attr["N"])
+                found = (res.get("Item") or {}).get(names["#h"])
+                if found is not None:
+                    notes.append((key, kid, period, cast(Item, found)))
+        if not notes:
+            return released
+        at = _note_at(notes[0][3])
+        record = await self._record_of_hold(tenant_id, turn_id, at) if at is not None else None
+        if record is not None:
+            await self.store.client.update_item(
+                TableName=self.store.table_name, Key=_record_key(tenant_id, record.period, record.record_id),
+                UpdateExpression="SET recovered = :t", ConditionExpression="attribute_exists(PK)",
+                ExpressionAttributeValues={":t": {"BOOL": True}})
+        for key, kid, period, attr in notes:
+            amount = _note_amount(attr)
+            if record is not None and _note_at(attr) == record.started_at:
+                applied = await self._apply(record, kid, amount, period, attr.get("S", ""))
+            else:
                 op = _change(key, _ZERO, -amount, turn_id)
                 op["Update"]["ConditionExpression"] = "#h = :held"
                 op["Update"]["ExpressionAttributeValues"][":held"] = attr
-                if not await self._write([op]) and kid is None:
-                    released += amount
+                applied = not await self._write([op])
+            if applied and kid is None:
+                released += amount
         return released
+
+    async def _record_of_hold(self, tenant_id: str, turn_id: str, at: int) -> UsageRecord | None:
+        """The turn's LLM record whose call started at `at` (the hold's time), in the months since."""
+        for month in _months(at, max(at, now_ms())):
+            items = await self.store._query(
+                KeyConditionExpression="PK = :pk AND begins_with(SK, :sk)", ConsistentRead=True,
+                ExpressionAttributeValues={":pk": _s(_record_pk(tenant_id, month)),
+                                           ":sk": _s(f"{_RECORD_SK}#{_k(turn_id + '#llm#')}")})
+            found = [r for r in map(_record, items) if r.turn_id == turn_id and r.started_at == at]
+            if found:
+                return found[0]
+        return None
 
     async def spend(self, tenant_id: str, key_id: str | None, period: str) -> Spend:
         res = await self.store.client.get_item(TableName=self.store.table_name, ConsistentRead=True,
@@ -226,10 +304,18 @@ class DynamoDBUsageLedger:
         # BETWEEN is inclusive: `{until}` sorts before every `{until}#...` key, so ended_at = until is out.
         bounds = {":lo": _s(_ts(since_ms)), ":hi": _s(_ts(until_ms))}
         if tenant_id is not None:
-            items = await self.store._query(
+            ended = {":lo": _n(since_ms), ":hi": _n(until_ms - 1)}
+            pages = [await self.store._query(
+                KeyConditionExpression="PK = :pk AND begins_with(SK, :rec)",
+                FilterExpression="ended_at BETWEEN :lo AND :hi",
+                ExpressionAttributeValues={":pk": _s(_record_pk(tenant_id, month)), ":rec": _s(f"{_RECORD_SK}#"),
+                                           **ended}) for month in _months(since_ms, until_ms - 1)]
+            # Records written before the month-partitioned key (docs/billing.md) are in GSI1.
+            pages.append(await self.store._query(
                 IndexName=GSI_TENANT, KeyConditionExpression="G1PK = :pk AND G1SK BETWEEN :lo AND :hi",
-                ExpressionAttributeValues={":pk": _s(_tenant_list(tenant_id)), **bounds})
-            records = [_record(i) for i in items if i["tenant_id"]["S"] == tenant_id]
+                ExpressionAttributeValues={":pk": _s(_tenant_list(tenant_id)), **bounds}))
+            unique = {r.record_id: r for page in pages for r in map(_record, page) if r.tenant_id == tenant_id}
+            records = list(unique.values())
         else:
             gate = asyncio.Semaphore(_EXPORT_PARALLEL)
 
@@ -297,12 +383,28 @@ def _hold_attribute(turn_id: str) -> str:
     return f"hold#{turn_id}"
 
 
-def _hold(key: Item, amount: Decimal, cap: Decimal | None, turn_id: str) -> Item:
+def _note(amount: Decimal, at_ms: int) -> str:
+    """A hold's note: its amount and the time its call started (the call's record has that `started_at`)."""
+    return f"{_text(amount)}@{at_ms}"
+
+
+def _note_amount(attr: Item) -> Decimal:
+    """The amount of a note (a number: a note written before notes said when: amount only)."""
+    return Decimal(attr["N"]) if "N" in attr else Decimal(attr["S"].partition("@")[0])
+
+
+def _note_at(attr: Item) -> int | None:
+    """When the hold's call started; None when the note does not say (then no record can be its call's)."""
+    return (int(attr["S"].partition("@")[2]) or None) if "S" in attr else None
+
+
+def _hold(key: Item, amount: Decimal, cap: Decimal | None, turn_id: str, at_ms: int) -> Item:
     """Add `amount` to a counter's `reserved` (and `committed`), unless that passes `cap`, and note it
-    as the turn's hold (`hold#{turn}`), so that `release_turn` can give it back."""
-    update: Item = {"Key": key, "UpdateExpression": "ADD reserved :a, committed :a SET #h = :a",
+    as the turn's hold (`hold#{turn}` = `{amount}@{at}`), so that `release_turn` can give it back and
+    find the call's record."""
+    update: Item = {"Key": key, "UpdateExpression": "ADD reserved :a, committed :a SET #h = :note",
                     "ExpressionAttributeNames": {"#h": _hold_attribute(turn_id)},
-                    "ExpressionAttributeValues": {":a": _num(amount)}}
+                    "ExpressionAttributeValues": {":a": _num(amount), ":note": _s(_note(amount, at_ms))}}
     if cap is not None:
         room = cap - amount
         # A counter that does not exist yet holds nothing: it has room unless the amount alone passes the cap.
@@ -312,9 +414,11 @@ def _hold(key: Item, amount: Decimal, cap: Decimal | None, turn_id: str) -> Item
     return {"Update": update}
 
 
-def _change(key: Item, spent: Decimal, held: Decimal, released_turn: str | None = None) -> Item:
+def _change(key: Item, spent: Decimal, held: Decimal, released_turn: str | None = None, *,
+            note: str | None = None, legacy: Decimal | None = None) -> Item:
     """Add `spent` and `held` (either may be negative or zero) to a counter, keeping `committed`; with
-    `released_turn`, only if that turn's hold is still noted there, and the note goes."""
+    `released_turn`, only if that turn's hold is still noted there (with `note`: that very note, or
+    the number `legacy`, a note of the amount alone), and the note goes."""
     parts, values = [], {}
     for name, delta in (("spent", spent), ("reserved", held), ("committed", spent + held)):
         if delta != 0:
@@ -327,11 +431,25 @@ def _change(key: Item, spent: Decimal, held: Decimal, released_turn: str | None 
         update["UpdateExpression"] += " REMOVE #h"
         update["ConditionExpression"] = "attribute_exists(#h)"
         update["ExpressionAttributeNames"] = {"#h": _hold_attribute(released_turn)}
+        if note is not None:
+            update["ConditionExpression"] = "#h = :note"
+            values[":note"] = _s(note)
+            if legacy is not None:  # a note of the amount alone, or of a hold made without its time
+                update["ConditionExpression"] += " OR #h = :legacy OR #h = :untimed"
+                values[":legacy"], values[":untimed"] = _num(legacy), _s(_note(legacy, 0))
     return {"Update": update}
 
 
 def _tenant_list(tenant_id: str) -> str:
     return f"TENANT#{_k(tenant_id)}#USAGE"
+
+
+def _record_pk(tenant_id: str, month: str) -> str:
+    return f"USAGE#{_k(tenant_id)}#{month}"
+
+
+def _record_key(tenant_id: str, month: str, record_id: str) -> Item:
+    return _key(_record_pk(tenant_id, month), f"{_RECORD_SK}#{_k(record_id)}")
 
 
 def _month_shard(month: str, shard: int) -> str:
@@ -348,8 +466,7 @@ def _months(first_ms: int, last_ms: int) -> list[str]:
 def _record_item(r: UsageRecord) -> Item:
     t, rid, u = r.tenant_id, r.record_id, r.usage
     item: Item = {
-        "PK": _s(f"USAGE#{_k(t)}#{_k(rid)}"), "SK": _s(_RECORD_SK),
-        "G1PK": _s(_tenant_list(t)), "G1SK": _s(f"{_ts(r.ended_at)}#{_k(rid)}"),
+        **_record_key(t, r.period, rid),
         "G2PK": _s(_month_shard(r.period, _shard(t, rid))), "G2SK": _s(f"{_ts(r.ended_at)}#{_k(t)}#{_k(rid)}"),
         "tenant_id": _s(t), "record_id": _s(rid), "container_id": _s(r.container_id), "image_id": _s(r.image_id),
         "session_id": _s(r.session_id), "turn_id": _s(r.turn_id), "kind": _s(r.kind), "provider": _s(r.provider),

@@ -63,7 +63,8 @@ class SqliteUsageLedger:
     # ---- monthly counters --------------------------------------------------------------------
 
     async def reserve(self, tenant_id: str, key_id: str | None, period: str, amount: Decimal, *,
-                      turn_id: str, tenant_cap: Decimal | None, key_cap: Decimal | None) -> str | None:
+                      turn_id: str, tenant_cap: Decimal | None, key_cap: Decimal | None,
+                      at_ms: int = 0) -> str | None:
         key_cap, verdict = precheck_hold(key_id, amount, tenant_cap, key_cap)
         if verdict != "check":
             return verdict
