@@ -258,7 +258,7 @@ class Assumptions:
     host_capacity: Decimal = D(200)  # AVM_TURN_HOST_CAPACITY
     scale_out_concurrency: Decimal = D(2)  # template TurnHostScaleOutConcurrency
     scale_out_lag_min: Decimal = D(3)  # 2 of 3 one-minute periods + task start: turns stay on Lambda meanwhile
-    scale_in_cpu: Decimal = D("0.15")  # template: scale in when the service's CPU average is under 15 %
+    scale_in_turns: Decimal = D(1)  # template TurnHostScaleInTurns: hosts' running turns average under it
     scale_in_delay_min: Decimal = D(15)  # template: low for 15 minutes before a task goes
     day_curve: tuple[int, ...] = DAY_CURVE  # turns per hour of a day, relative
     within_hour_peak: Decimal = D("1.25")  # minute-level peaks over the hour's mean: tasks are sized for them
@@ -328,7 +328,8 @@ ASSUMPTION_WHY = {
     "host_tier": "template TurnHostTier default Enabled (with WorkerImageUri set)",
     "host_capacity": "AVM_TURN_HOST_CAPACITY: turns one host runs at once, whatever its CPU",
     "scale_out_concurrency": "template TurnHostScaleOutConcurrency: chat_turn concurrency that starts a host",
-    "scale_in_cpu": "template: a host goes when the service's CPU average stays under 15 % for 15 minutes",
+    "scale_in_turns": "template TurnHostScaleInTurns: a host goes when the hosts' running turns average under 1 "
+                      "for 15 minutes",
     "heartbeat_s": "AVM_TURN_HOST_HEARTBEAT_S: one registry write (1 WRU) per host each",
     "day_curve": "turns per hour of the day (relative): a single-region user base, peak/average 1.6",
 }

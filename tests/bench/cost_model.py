@@ -301,19 +301,17 @@ class Model:
         concurrent = task_hour * turn_s / (3600 * saved)
         turns = task_hour * HOURS_PER_MONTH / saved
         ok = self.a.scale_out_concurrency >= concurrent
-        cpu_per_turn = D("0.7") / self.counts.host.concurrent_turns_at_70pct  # of the task's vCPUs
-        held_at_scale_in = (self.a.scale_in_cpu / cpu_per_turn).to_integral_value(rounding="ROUND_FLOOR")
+        scale_in = self.a.scale_in_turns
         return {
             "scale_in_check": {
-                "scale_in_cpu": str(self.a.scale_in_cpu), "cpu_per_turn": str(cpu_per_turn.quantize(D("0.00001"))),
-                "turns_held_at_scale_in": str(held_at_scale_in),
-                "why": (f"a turn uses {cpu_per_turn:.2%} of a task's CPU, so a scale-in rule at CPU < "
-                        f"{self.a.scale_in_cpu:.0%} stops a task still holding up to {held_at_scale_in} turns; "
-                        + ("those spill to Lambda, reach the scale-out threshold again and start a task: the "
-                           "tier cycles (up ~15 min, down ~3 min) at every load below that. Scale in on the "
-                           "hosts' running turns (below the crossover) instead."
-                           if held_at_scale_in >= self.a.scale_out_concurrency else
-                           "below the scale-out threshold: no cycling."))},
+                "scale_in_turns": str(scale_in),
+                "why": (f"a host goes when the hosts' running turns average under {scale_in} for 15 minutes "
+                        f"(HostRunningTurns); chat_turn starts one at {self.a.scale_out_concurrency} concurrent "
+                        "turns: " + ("below the scale-out threshold, so the turns a stopped host gave back do not "
+                                     "start it again: no cycling."
+                                     if scale_in < self.a.scale_out_concurrency else
+                                     "not below the scale-out threshold: the tier cycles (a stopped host's turns "
+                                     "go back to Lambda and start a host again)."))},
             "turns_per_month": str(turns.quantize(D(1))), "concurrent_turns": str(concurrent.quantize(D("0.01"))),
             "scale_out_concurrency": str(self.a.scale_out_concurrency), "threshold_ok": ok,
             "why": (f"one task costs ${task_hour.quantize(D('0.00001'))} an hour; each turn it takes saves "

@@ -262,13 +262,17 @@ def test_the_turn_hosts_scale_out_on_spilled_turns_and_in_to_zero_when_idle() ->
     idle = _resource("TurnHostIdleAlarm")["Properties"]
     assert {k: idle[k] for k in ("Namespace", "MetricName", "Dimensions", "Statistic", "Period", "EvaluationPeriods",
                                  "DatapointsToAlarm", "Threshold", "ComparisonOperator", "AlarmActions")} == {
-        "Namespace": "AWS/ECS", "MetricName": "CPUUtilization",
-        "Dimensions": [{"Name": "ClusterName", "Value": {"Ref": "WorkerCluster"}},
-                       {"Name": "ServiceName", "Value": {"Fn::GetAtt": ["TurnHostService", "Name"]}}],
+        "Namespace": "AgentVM", "MetricName": "HostRunningTurns",
+        "Dimensions": [{"Name": "function", "Value": "turn_host"}, {"Name": "service", "Value": "agentvm"}],
         "Statistic": "Average", "Period": 60, "EvaluationPeriods": 15, "DatapointsToAlarm": 15,
-        "Threshold": {"Ref": "TurnHostScaleInCpuPercent"}, "ComparisonOperator": "LessThanThreshold",
+        "Threshold": {"Ref": "TurnHostScaleInTurns"}, "ComparisonOperator": "LessThanThreshold",
         "AlarmActions": [{"Ref": "TurnHostScaleIn"}]}
-    assert _template()["Parameters"]["TurnHostScaleInCpuPercent"]["Default"] == 15
+    params = _template()["Parameters"]
+    # below the scale-out threshold: a host is stopped only where chat_turn would not start one again
+    assert params["TurnHostScaleInTurns"]["Default"] == 1 < params["TurnHostScaleOutConcurrency"]["Default"]
+    # the metric and dimensions the hosts publish (turnhost/__main__.py)
+    from agentvm.turnhost.__main__ import RUNNING_METRIC
+    assert RUNNING_METRIC == idle["MetricName"]
     # the only alarms of the stack (0.10 USD a month each, the tier's whole idle cost)
     assert set(_resources("AWS::CloudWatch::Alarm")) == {"TurnHostDemandAlarm", "TurnHostIdleAlarm"}
 
