@@ -62,6 +62,7 @@ class Probe:
         self.bytes_out = BytesOut(self.counter)
         self.sqs = Counter[str]()  # ReceiveMessage calls with messages / empty; the host's registry writes
         self.first_turn_cpu_s: float | None = None
+        self.pool = Counter[str]()  # botocore_async's thread pool: calls, queued, max_in_flight, threads
         self.host: Any = None
         self._lock = threading.Lock()
 
@@ -91,9 +92,34 @@ class Probe:
                 probe.first_turn_cpu_s = time.process_time()
             take(host, request)
 
+        self._watch_pool()
         entry.build = build_and_keep
         TurnHost._take = take_and_note  # type: ignore[method-assign,assignment]
         signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=self.snapshot, daemon=True).start())
+
+    def _watch_pool(self) -> None:
+        """How many AWS calls wait for one of botocore_async's threads (all busy)."""
+        from agentvm.adapters.aws import botocore_async
+
+        pool = botocore_async._POOL
+        size, submit, pending = pool._max_workers, pool.submit, [0]
+
+        def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                pending[0] += 1
+                self.pool["calls"] += 1
+                self.pool["queued"] += pending[0] > size
+                self.pool["max_in_flight"] = max(self.pool["max_in_flight"], pending[0])
+            future = submit(fn, *args, **kwargs)
+            future.add_done_callback(lambda _: self._done(pending))
+            return future
+
+        self.pool["threads"] = size
+        pool.submit = counted  # type: ignore[method-assign]
+
+    def _done(self, pending: list[int]) -> None:
+        with self._lock:
+            pending[0] -= 1
 
     def _received(self, **kwargs: Any) -> None:
         parsed = kwargs["parsed"]
@@ -113,7 +139,7 @@ class Probe:
         host = self.host
         line = {"final": final, "wall_s": time.monotonic(), "cpu_s": time.process_time(),
                 "first_turn_cpu_s": self.first_turn_cpu_s, "rss_mb": _rss_mb(), "peak_rss_mb": _peak_rss_mb(),
-                "calls": calls, "receives": dict(self.sqs),
+                "calls": calls, "receives": dict(self.sqs), "pool": dict(self.pool),
                 "host": None if host is None else {
                     "received": host.counts.received, "taken": host.counts.taken, "joined": host.counts.joined,
                     "refused": host.counts.refused, "turns": host.counts.turns,
