@@ -5,10 +5,14 @@ limit, re-registers at once when it stops or starts accepting, and drains on sto
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 
+import pytest
+
 from agentvm.domain.models import Turn
-from agentvm.domain.turn_hosts import TurnRequest
+from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
+from agentvm.turnhost.__main__ import Metrics
 from agentvm.turnhost.cpu import CpuMeter
 from agentvm.turnhost.host import HostOptions, TurnHost
 from tests.turnhost.fakes import Directory, Dispatches, Queue
@@ -112,3 +116,33 @@ def test_cpu_meter_measures_over_its_window() -> None:
         cpu[0] += 0.45
         meter.sample()
     assert round(meter.fraction(), 6) == 0.9
+
+
+async def test_every_heartbeat_record_goes_to_on_beat_and_the_metric_has_no_host_id(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    queue, directory, fallback, sessions, cpu = Queue(), Directory(), Dispatches(), Sessions(), Cpu()
+    beats: list[TurnHostRecord] = []
+    host = TurnHost("h-1", queue=queue, directory=directory, fallback=fallback, run_session=sessions.run,
+                    cpu=cpu.meter(), options=HostOptions(capacity=1, heartbeat_s=60, poll_s=1, drain_s=5),
+                    on_beat=beats.append)
+    serving = asyncio.create_task(host.serve())
+    await until(lambda: len(beats) == 1)
+    await queue.inbox.put([req("a")])
+    await until(lambda: len(beats) == 2)  # full: a heartbeat at once
+    sessions.finish("a")
+    await until(lambda: len(beats) == 3)
+    host.stop()
+    assert await serving is True
+    assert beats == directory.beats
+    assert [(b.running, b.accepting) for b in beats] == [(0, True), (1, False), (0, True)]
+
+    capsys.readouterr()
+    Metrics().beat(beats[1])
+    blobs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(blobs) == 1
+    (declared,) = blobs[0]["_aws"]["CloudWatchMetrics"]
+    assert declared["Namespace"] == "AgentVM"
+    assert declared["Dimensions"] == [["function", "service"]]
+    assert declared["Metrics"] == [{"Name": "HostRunningTurns", "Unit": "Count"}]
+    assert (blobs[0]["function"], blobs[0]["service"], blobs[0]["HostRunningTurns"]) == ("turn_host", "agentvm", [1.0])
+    assert "h-1" not in json.dumps(blobs[0])

@@ -74,3 +74,27 @@ async def test_a_failing_directory_or_queue_falls_back_to_the_function() -> None
     d, queue, fallback, _ = tiered(Directory([host("h1")]), Queue(fail=True))
     await d.start_turns("t", "s2")
     assert (fallback.started, d.counts) == ([("t", "s2")], {"host": 0, "function": 1})
+
+
+class Wall:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def __call__(self) -> int:
+        return NOW + round((self.clock.t - 100.0) * 1000)
+
+
+async def test_a_cached_listing_judges_hosts_as_of_when_it_was_read() -> None:
+    """A host heartbeating every 0.5 s is listed with 1.5 s to go; the listing is kept for 2 s.
+    Judged against each dispatch's own time, the live host looked dead for the last 0.5 s of every
+    cache period (6 of 20 simultaneous turns went to chat_turn in the bench, none refused)."""
+    clock, queue, fallback = Clock(), Queue(), Dispatches()
+    directory = Directory([host("h1", until=NOW + 1500), host("dead", until=NOW - 1)])
+    d = TieredDispatcher(queue, directory, fallback, clock=clock, wall_ms=Wall(clock))
+    for i in range(20):  # 20 turns over 1.9 s, one listing
+        await d.start_turns("t", f"s{i}")
+        clock.t += 0.1
+    assert (directory.lists, len(queue.sent), fallback.started) == (1, 20, [])
+    clock.t += 0.1  # the cache lapses: a new listing, the host's record has not been renewed
+    await d.start_turns("t", "late")
+    assert (directory.lists, fallback.started) == (2, [("t", "late")])

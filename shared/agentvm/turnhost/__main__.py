@@ -19,11 +19,11 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from agentvm.cloud.observability import InvocationMetrics, record_turns
+from agentvm.cloud.observability import Count, InvocationMetrics, record_turns
 from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
 from agentvm.domain.models import Turn
-from agentvm.domain.turn_hosts import TurnRequest
+from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
 from agentvm.logs import setup_logging
 from agentvm.turnhost.cpu import CpuMeter, available_vcpus
 from agentvm.turnhost.host import HostOptions, TurnHost
@@ -34,8 +34,17 @@ METRICS_FLUSH_S = 60.0
 METRICS_FLUSH_RUNS = 50
 
 
+#: The sessions one host runs, written once per heartbeat. Its only dimensions are fixed
+#: (function=turn_host, service): every host writes the same metric (a host id would make each task
+#: its own billed metric), so CloudWatch's Maximum over a period is the busiest host's count and
+#: Sum / SampleCount the mean per host. The service scales in on it, not on CPU (a host running 30
+#: turns uses a few % of its CPU: a CPU alarm would stop it and cycle its turns onto new tasks).
+RUNNING_METRIC = "HostRunningTurns"
+
+
 class Metrics:
-    """The turn metrics of many session runs, written as EMF every minute (or 50 runs), not per run."""
+    """The turn metrics of many session runs, written as EMF every minute (or 50 runs), not per run;
+    the host's running sessions at every heartbeat."""
 
     def __init__(self) -> None:
         self.pending = InvocationMetrics("turn_host")
@@ -47,6 +56,14 @@ class Metrics:
         self.runs += 1
         if self.runs >= METRICS_FLUSH_RUNS or asyncio.get_running_loop().time() - self.flushed_at >= METRICS_FLUSH_S:
             self.flush()
+
+    def beat(self, record: TurnHostRecord) -> None:
+        running = InvocationMetrics("turn_host")
+        running.add(RUNNING_METRIC, Count, record.running)
+        try:
+            running.flush()
+        except Exception:  # metrics never stop the host
+            log.exception("metrics flush failed")
 
     def flush(self) -> None:
         try:
@@ -86,6 +103,7 @@ def build(rt: CloudRuntime, *, metrics: Metrics | None = None, name: str | None 
     vcpus = s.turn_host_vcpu or available_vcpus()
     return TurnHost(name or host_id(), queue=rt.turn_queue, directory=rt.turn_hosts, fallback=rt.lambda_dispatcher,
                     run_session=run_session, cpu=CpuMeter(vcpus), on_run=on_run,
+                    on_beat=None if metrics is None else metrics.beat,
                     options=HostOptions(capacity=s.turn_host_capacity, max_cpu=s.turn_host_max_cpu,
                                         heartbeat_s=s.turn_host_heartbeat_s, poll_s=s.turn_host_poll_s,
                                         drain_s=s.turn_host_drain_s))

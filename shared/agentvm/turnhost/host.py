@@ -11,6 +11,7 @@
 * Messages are deleted at receipt. A host killed holding a session's lease leaves the lease to
   expire; the next runner of the session (or the turn sweep) fails its turn `worker_lost` and gives
   the budget hold back (hosting/session_worker.py).
+* `on_beat` sees every record the host writes (the running-turns metric the service scales in on).
 * `stop()` (SIGTERM, ECS scale-in): deregister, stop receiving (requests received meanwhile are
   refused), let the running sessions finish for up to `drain_s`.
 """
@@ -34,6 +35,7 @@ log = logging.getLogger("agentvm.turnhost")
 
 RunSession = Callable[[str, str], Awaitable[Sequence[Turn]]]
 OnRun = Callable[[TurnRequest, Sequence[Turn], float], None]
+OnBeat = Callable[[TurnHostRecord], None]
 
 CPU_SAMPLE_S = 0.5
 RECEIVE_RETRY_S = 1.0
@@ -64,7 +66,7 @@ class HostCounts:
 class TurnHost:
     def __init__(self, host_id: str, *, queue: TurnQueue, directory: TurnHostDirectory, fallback: Dispatcher,
                  run_session: RunSession, cpu: CpuMeter, options: HostOptions | None = None,
-                 on_run: OnRun | None = None) -> None:
+                 on_run: OnRun | None = None, on_beat: OnBeat | None = None) -> None:
         self.host_id = host_id
         self.queue = queue
         self.directory = directory
@@ -73,6 +75,7 @@ class TurnHost:
         self.cpu = cpu
         self.options = options or HostOptions()
         self.on_run = on_run
+        self.on_beat = on_beat
         self.counts = HostCounts()
         self.running: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.draining = False
@@ -234,6 +237,11 @@ class TurnHost:
 
     async def _beat(self) -> None:
         record = self.record()
+        if self.on_beat is not None:
+            try:
+                self.on_beat(record)
+            except Exception:
+                log.exception("on_beat failed")
         try:
             await self.directory.heartbeat(record)
         except Exception:
