@@ -130,6 +130,9 @@ class Settings(BaseSettings):
         "Heartbeat period of a turn host; its record counts as live for three periods."))
     turn_host_vcpu: float = Field(0.0, ge=0, le=256, description=(
         "vCPUs of a turn host for its CPU limit; 0: read the cgroup's CPU quota, else the CPU count."))
+    aws_threads: int = Field(16, ge=1, le=512, description=(
+        "Threads that run AWS calls (and connections per AWS client): 16 for a Lambda function; a turn "
+        "host running many turns at once needs more (the template sets 64)."))
     turn_host_poll_s: int = Field(20, ge=0, le=20, description="Long-polling wait of a turn host's queue receive.")
     turn_host_drain_s: float = Field(100.0, ge=0, le=3600, description=(
         "On SIGTERM a turn host lets its running turns finish for up to this long (ECS stopTimeout: 120 s)."))

@@ -33,8 +33,11 @@ def test_quick_run_puts_every_turn_on_the_host_with_flat_counts(tmp_path: Path) 
     for counts in tiers.values():
         assert counts["lambda_invocations"] == {"ws_default": 1.0}  # no chat_turn: the host ran it
         assert counts["inbound_frames"] == 1.0
-        assert counts["other_calls"]["sqs.SendMessage"] == 1.0  # ws_default queued the turn once
-        assert counts["ddb_metering_requests"] == 1.0  # a priced model: one spend transaction
+        # ws_default queued the turn once; the host received it and deleted it (batched when several came
+        # at once: at most one receive and one delete a turn)
+        assert 1.0 < counts["sqs_requests"] <= 3.0
+        assert counts["other_calls"] == {}
+        assert counts["ddb_metering_requests"] == 2.0  # a priced model, no budget: usage record + spend counter
         assert counts["post_to_connection"] > 0 and counts["bytes_out"] > 0
     # the first turn of a session also registers its agent; from the second on, writes do not grow
     # (read requests follow the turn's wall time, about 4 a second on the host: not compared here)

@@ -272,7 +272,7 @@ def test_the_turn_hosts_scale_out_on_spilled_turns_and_in_to_zero_when_idle() ->
     assert params["TurnHostScaleInTurns"]["Default"] == 1 < params["TurnHostScaleOutConcurrency"]["Default"]
     # the metric and dimensions the hosts publish (turnhost/__main__.py)
     from agentvm.turnhost.__main__ import RUNNING_METRIC
-    assert RUNNING_METRIC == idle["MetricName"]
+    assert idle["MetricName"] == RUNNING_METRIC
     # the only alarms of the stack (0.10 USD a month each, the tier's whole idle cost)
     assert set(_resources("AWS::CloudWatch::Alarm")) == {"TurnHostDemandAlarm", "TurnHostIdleAlarm"}
 

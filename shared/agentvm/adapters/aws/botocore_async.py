@@ -18,7 +18,18 @@ import botocore.session
 from botocore.config import Config
 
 # AWS calls wait on the network, not the CPU: a few threads serve many concurrent requests.
-_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="aws")
+_THREADS = 16
+_POOL = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="aws")
+
+
+def set_threads(threads: int) -> None:
+    """Size the pool (and each new client's connection pool) for a process that runs many turns at
+    once: a turn host makes ~2 AWS calls a second per running turn, and with 16 threads a fifth of
+    them waited for one at 20 turns (docs/benchmarks.md). Call it at start-up, before any client."""
+    global _THREADS, _POOL
+    if threads != _THREADS:
+        _POOL.shutdown(wait=False)
+        _THREADS, _POOL = threads, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="aws")
 
 
 class _AsyncWaiter:
@@ -74,6 +85,9 @@ def new_client(service: str, *, session: botocore.session.Session | None = None,
                region_name: str | None = None, config: Config | None = None) -> AsyncBotocoreClient:
     """Create the client (cheap: no I/O happens until the first call)."""
     s = session or default_session()
+    if _THREADS > 10:  # botocore keeps 10 connections per client by default
+        pool = Config(max_pool_connections=_THREADS)
+        config = pool if config is None else config.merge(pool)
     with _CREATE_LOCK:  # clients are thread-safe, creating them from one session is not
         return AsyncBotocoreClient(s.create_client(service, endpoint_url=endpoint_url, region_name=region_name,
                                                    config=config))
