@@ -26,7 +26,10 @@ operation, the items it touched (partition key prefix / sort key prefix) and its
 `--quick` (the version inside `make test`) scales time by 1/10 (10 ms between deltas, every window
 ÷ 10). Exits 1 if a counted turn at any length makes more than `MAX_WRITE_UNITS` write units, or the
 read units of turn 100 exceed those of turn 1 by more than `MAX_READ_GROWTH`: reads must not grow with
-the conversation (the issue-17 targets). Feed the JSON to `python -m tests.bench.cost_model --counts FILE`.
+the conversation (the issue-17 targets). Then `chat_turn` runs two long turns again in a process of its
+own, as Lambda runs it, with the real SDK-free driver: its peak RSS, CPU time and the memory size
+recommended ("chat_turn" in the JSON; tests/bench/chat_turn_rss.py).
+Feed the JSON to `python -m tests.bench.cost_model --counts FILE`.
 """
 
 from __future__ import annotations
@@ -473,33 +476,50 @@ async def measure(*, scale: float, endpoint: str, counter: CallCounter, script: 
     return out
 
 
-def run(quick: bool, lengths: tuple[int, ...] = LENGTHS) -> dict[str, Any]:
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A moto server in this process (the edge reads posted frames from its backend); yields its URL."""
     from moto.server import ThreadedMotoServer
 
-    from agentvm.adapters.aws.botocore_async import default_session
     from tests.aws_fixtures import exact_moto_numbers
 
-    scale = 0.1 if quick else 1.0
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access line per moto request
     exact_moto_numbers()
-    _label_functions()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    try:
+        with _environment(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                          AWS_DEFAULT_REGION="us-east-1", AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true"):
+            yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+async def measure_chat_turn(endpoint: str, scale: float) -> dict[str, Any]:
+    """chat_turn's peak RSS and CPU time on a long reply, in a process of its own (chat_turn_rss.py)."""
+    from tests.bench import chat_turn_rss
+
+    return await chat_turn_rss.measure(endpoint=endpoint, scale=scale, deltas=DELTAS, gap_ms=DELTA_GAP_MS * scale,
+                                       model=MODEL, flush_ms=FLUSH_MS, max_flush_ms=MAX_FLUSH_MS,
+                                       chunks=reply_chunks(), budget=MONTHLY_BUDGET)
+
+
+def run(quick: bool, lengths: tuple[int, ...] = LENGTHS) -> dict[str, Any]:
+    from agentvm.adapters.aws.botocore_async import default_session
+
+    scale = 0.1 if quick else 1.0
+    _label_functions()
     counter = CallCounter()
-    with tempfile.TemporaryDirectory() as tmp, _environment(
-            AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
-            AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true"):
+    with tempfile.TemporaryDirectory() as tmp, moto_server() as endpoint:
         script = Path(tmp) / "script.json"
         _script(script, DELTA_GAP_MS * scale)
         counter.install(default_session())
-        try:
-            lam = asyncio.run(measure(scale=scale, endpoint=f"http://{host}:{port}", counter=counter,
-                                      script=script, lengths=lengths))
-        finally:
-            server.stop()
+        lam = asyncio.run(measure(scale=scale, endpoint=endpoint, counter=counter, script=script, lengths=lengths))
+        chat_turn = asyncio.run(measure_chat_turn(endpoint, scale))
     return {"mode": "quick" if quick else "full", "deltas": DELTAS, "delta_gap_ms": DELTA_GAP_MS * scale,
-            "time_scale": scale, "flush_ms": FLUSH_MS, "model": MODEL, "tiers": {"lambda": lam}}
+            "time_scale": scale, "flush_ms": FLUSH_MS, "model": MODEL, "tiers": {"lambda": lam},
+            "chat_turn": chat_turn}
 
 
 def check(data: Mapping[str, Any]) -> list[str]:
@@ -545,7 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data = run(args.quick)
     text, ok = report(data, detail=args.detail)
+    from tests.bench.chat_turn_rss import report as chat_turn_report
+
     print(f"AWS calls per pure-chat turn ({DELTAS} deltas, {data['delta_gap_ms']} ms apart, model {MODEL})\n{text}")
+    print(chat_turn_report(data["chat_turn"]))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=2) + "\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from tests.bench.aws_calls import (
     item_size,
     write_units,
 )
+from tests.bench.chat_turn_rss import MARGIN_MB, SIZES, TURNS, layer_dir, recommend, template_env
 from tests.bench.cost_inputs import Assumptions, parse_counts
 from tests.bench.cost_model import Model
 from tests.support.servers import REPO
@@ -63,6 +65,43 @@ def test_quick_run_counts_turns_1_20_100_of_one_priced_conversation(quick_run: t
     # the measured counts feed the monthly cost model (its goals are judged on the full run's counts)
     result = Model(parse_counts(data, "calls.json"), Assumptions()).result()
     assert result["scenarios"]["30M"]["turns"] == 30_000_000
+
+
+def test_chat_turn_peak_rss_is_measured_in_a_lambda_like_process(quick_run: tuple[int, str, dict[str, Any]]
+                                                                 ) -> None:
+    _, stdout, data = quick_run
+    ct = data["chat_turn"]
+    # two long turns in one warm child process: the import (init) and each turn measured
+    assert len(ct["turns"]) == TURNS and all(t["cpu_ms"] > 0 and t["wall_s"] > 0 for t in ct["turns"])
+    # more than a bare interpreter (~9 MB) plus botocore and pydantic: the handler module really was imported
+    assert 30 < ct["init_peak_rss_mb"] <= ct["first_turn_peak_rss_mb"] <= ct["peak_rss_mb"]
+    assert ct["peak_rss_mb"] == max(t["peak_rss_mb"] for t in ct["turns"])
+    assert ct["memory_mb"] in SIZES and ct["peak_rss_mb"] + MARGIN_MB <= ct["memory_mb"]
+    assert ct["sizes"][str(ct["memory_mb"])]["fits"]
+    assert f"chat_turn peak RSS: {ct['peak_rss_mb']} MB" in stdout
+    assert f"recommended ChatTurnMemorySize: {ct['memory_mb']} MB" in stdout
+    # the cost model sizes chat_turn from the measurement
+    counts = parse_counts(data, "calls.json")
+    assert counts.chat_turn_memory_mb == ct["memory_mb"]
+
+
+def test_the_child_sees_only_the_layer_and_the_templates_variables(tmp_path: Path) -> None:
+    layer = layer_dir(tmp_path / "python")
+    shipped = {p.name for p in layer.iterdir()}
+    assert {"botocore", "pydantic", "httpx", "aws_lambda_powertools"} <= shipped
+    assert not shipped & {"aws_xray_sdk", "anthropic", "moto", "uvicorn", "aiohttp"}
+    env = template_env({"Table": "t", "Bucket": "b", "LlmSecretArn": "arn:s"}, {"AVM_WS_ENDPOINT": "http://x"})
+    assert env["AVM_TABLE_NAME"] == "t" and env["AVM_LLM_SECRET_ARN"] == "arn:s"
+    assert env["AVM_CONFIG_PATH"] == "/agentvm/bench/" and env["AVM_STREAM_FLUSH_MS"] == "250"
+    assert not any(k.startswith("AVM_ECS_") for k in env)  # no worker image
+
+
+def test_recommendation_needs_memory_headroom_and_cpu_share() -> None:
+    assert recommend(70.0, 0.1, 10.0, 0.02)[0] == 128
+    assert recommend(100.0, 0.1, 10.0, 0.02)[0] == 256  # 100 + 30 > 128
+    assert recommend(70.0, 0.5, 10.0, 0.02)[0] == 256  # 0.5 s CPU at 0.072 vCPU: 69 % of the stream
+    assert recommend(70.0, 0.1, 10.0, 0.1)[0] == 256  # 1.4 s of CPU before the LLM request at 128 MB
+    assert recommend(70.0, 0.1, 10.0, 0.2)[0] == 512  # and 1.4 s at 256 MB
 
 
 def test_reads_do_not_grow_with_the_conversation(quick_run: tuple[int, str, dict[str, Any]]) -> None:

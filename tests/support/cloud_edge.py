@@ -15,7 +15,10 @@ URL; everything behind it is the cloud code path:
 * the Lambda Invoke API (`POST /2015-03-31/functions/{name}/invocations`) is served by the edge's
   own HTTP server: `ws_default` starts `chat_turn` with an asynchronous invoke, answered 202 at once
   and run in a warm environment;
-* handlers run in warm execution environments, one thread each, one invocation at a time.
+* handlers run in warm execution environments, one thread each, one invocation at a time; a
+  function named in `processes` runs in child processes instead, set up as Lambda sets one up (its
+  folder first on `sys.path`, only the environment variables given), so that its memory and CPU
+  can be measured (`tests/support/lambda_process.py`).
   `agentvm.cloud.runtime` keeps one runtime and one event loop per thread, so a thread is an
   environment; `restart()` retires them all (a new deployment: new runtimes, cold caches) while
   the table and the open WebSocket connections stay.
@@ -61,6 +64,7 @@ from moto.core.models import DEFAULT_ACCOUNT_ID
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tests.support.lambda_process import ProcessEnvironments
 from tests.support.servers import free_port
 
 log = logging.getLogger(__name__)
@@ -529,7 +533,7 @@ class CloudEdge:
                  routes: Mapping[str, Path] | None = None, functions: Mapping[str, Path] | None = None,
                  environments: int = 8, stage: str = "prod", region: str = REGION,
                  account_id: str = DEFAULT_ACCOUNT_ID, path: str = "/ws",
-                 drain_timeout_s: int = 20) -> None:
+                 drain_timeout_s: int = 20, processes: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.moto_endpoint = moto_endpoint.rstrip("/")
         self.token = token
         self.table_name = table_name
@@ -550,6 +554,9 @@ class CloudEdge:
         #: (function, pending tasks) whenever a handler returned with work left on its loop
         self.frozen: list[tuple[str, list[str]]] = []
         self.environments = Environments(environments, self.frozen_append)
+        #: function label → its environments as child processes, started with the environment given
+        #: (`processes`): run as Lambda runs them, their memory and CPU measured (lambda_process.py)
+        self.processes = {label: ProcessEnvironments(env, environments) for label, env in (processes or {}).items()}
         self._retired: list[Environments] = []
         self._retiring: list[asyncio.Task[None]] = []
         self._limit = environments
@@ -705,6 +712,8 @@ class CloudEdge:
             await asyncio.gather(*self._retiring)
             self._retired.append(self.environments)
             await asyncio.to_thread(self._retire, self.environments)
+            for processes in self.processes.values():
+                await asyncio.to_thread(self._retire, processes)
         finally:
             self._final_frames.update(self._api.forget(self._all_ids))
             self._api.release()
@@ -750,7 +759,7 @@ class CloudEdge:
             self.errors.append(HandlerError("edge", None, f"still running when the edge stopped: {task!r}"))
             task.cancel()
 
-    def _retire(self, envs: Environments) -> None:
+    def _retire(self, envs: Environments | ProcessEnvironments) -> None:
         stuck = envs.shutdown(self.drain_timeout_s)
         for name in stuck:
             self.errors.append(HandlerError(name, None, "environment still busy when retired"))
@@ -801,7 +810,8 @@ class CloudEdge:
         context = LambdaContext(f"agentvm-{label.replace('_', '-')}", timeout)
         started = time.monotonic()
         try:
-            result = await asyncio.wrap_future(self.environments.submit(path, event, context))
+            envs = self.processes.get(label, self.environments)
+            result = await asyncio.wrap_future(envs.submit(path, event, context))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
