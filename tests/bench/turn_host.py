@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sessions at conversation lengths above 1 (their earlier turns take a while)")
     parser.add_argument("--heartbeat-s", type=float, default=10.0, help="AVM_TURN_HOST_HEARTBEAT_S")
     parser.add_argument("--json", type=Path, help="write the figures here (the host tier's part of aws-calls.json)")
+    parser.add_argument("--into", type=Path, help="add them to this counts file of tests.bench.aws_calls "
+                                                  "(its `host` and `tiers.host`), the cost model's input")
     args = parser.parse_args(argv)
     sessions = args.sessions or (5 if args.quick else 20)
     lengths = [int(x) for x in (args.lengths or ("1,2,3" if args.quick else "1,20,100")).split(",")]
@@ -347,6 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=2) + "\n")
+    if args.into is not None:
+        counts = json.loads(args.into.read_text())
+        counts["host"] = data["host"]
+        counts.setdefault("tiers", {})["host"] = data["tiers"]["host"]
+        args.into.write_text(json.dumps(counts, indent=2) + "\n")
     return 0
 
 
