@@ -140,7 +140,7 @@ async def _conversation(url: str, length: int, timeout: float) -> tuple[Any, dic
     client = await StockClient(url, ack=False).__aenter__()
     image = await client.new_image(f"c-{uuid.uuid4().hex[:6]}", model=MODEL)
     for _ in range(length - 1):
-        await client.turn(image["imageId"], "hello", timeout=timeout)
+        await client.turn(image["imageId"], "SHORTREPLY", timeout=timeout)  # aws_calls' script: instant
     return client, image
 
 
@@ -158,10 +158,12 @@ async def measure(length: int, sessions: int, *, edge: Any, store: Any, host: Ho
         bytes_out.bytes = 0
         counter.enabled = True
         started = time.monotonic()
-        await asyncio.gather(*(c.turn(image["imageId"], "a long answer please", timeout=timeout)
+        await asyncio.gather(*(c.turn(image["imageId"], "LONGREPLY: a long answer please", timeout=timeout)
                                for c, image in made))
         await edge.settle(include_invokes=True, timeout=60)
         wall_s = time.monotonic() - started
+        if wall_s < 0.9 * turn_s:  # the script's long reply streams DELTAS deltas over turn_s
+            raise AssertionError(f"the counted turns took {wall_s:.2f} s, not the {turn_s:.2f} s of a long reply")
         counter.enabled = False
         after = await host.snapshot()
         invoked = Counter(label for label, _ in edge.invocations[invocations:])

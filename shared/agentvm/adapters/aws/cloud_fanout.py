@@ -1,7 +1,8 @@
 """The Fanout port for one Lambda invocation: API Gateway connections, subscriptions in DynamoDB.
 
 Publishing stays synchronous for the engine: every event goes into one ordered pipeline, resolved
-to connections (a session's subscribers are read from the registry and cached for `refresh_s`),
+to connections (a session's subscribers are read from the registry and cached for `refresh_s`, the
+interval doubling up to `max_refresh_s`),
 and posted through the Gateway by one sender per connection, so each connection receives events in
 publish order. `drain()` waits until everything is posted; a handler calls it before returning.
 
@@ -48,12 +49,14 @@ class _Peer:
 
 class CloudFanout:
     def __init__(self, *, gateway: Gateway, registry: ConnectionRegistry, tenant_id: str,
-                 refresh_s: float = 1.0, replay_source: ReplaySource | None = None,
+                 refresh_s: float = 1.0, max_refresh_s: float = 4.0, replay_source: ReplaySource | None = None,
                  head_source: HeadSource | None = None) -> None:
         self.gateway = gateway
         self.registry = registry
         self.tenant_id = tenant_id
         self.refresh_s = refresh_s
+        self.max_refresh_s = max(refresh_s, max_refresh_s)
+        self._refresh_every: dict[str, float] = {}
         self.replay_source = replay_source
         self.head_source = head_source
         self._ops: asyncio.Queue[tuple[str, tuple[object, ...]]] = asyncio.Queue()
@@ -280,8 +283,12 @@ class CloudFanout:
     async def _subscribers(self, session_id: str, current_seq: int) -> dict[str, Subscription]:
         now = time.monotonic()
         cached = self._subs.get(session_id)
-        if cached is not None and now - cached[0] < self.refresh_s:
+        every = self._refresh_every.get(session_id, self.refresh_s)
+        if cached is not None and now - cached[0] < every:
             return cached[1]
+        # the interval doubles (1, 2, 4 s): a 10 s turn reads its subscribers 4 times, not 10; a
+        # subscriber that arrives meanwhile gets what it missed from this invocation's log when found
+        self._refresh_every[session_id] = min(every * 2, self.max_refresh_s) if cached is not None else every
         fresh = {s.connection_id: s for s in await self.registry.subscribers(self.tenant_id, session_id)}
         for cid, sub in fresh.items():
             if sub.batch:
