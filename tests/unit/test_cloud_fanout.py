@@ -43,7 +43,7 @@ class MemoryRegistry:
     async def put_subscription(self, tenant_id: str, session_id: str, sub: Subscription) -> None:
         self.subs.setdefault((tenant_id, session_id), {})[sub.connection_id] = sub
 
-    async def subscribers(self, tenant_id: str, session_id: str) -> list[Subscription]:
+    async def subscribers(self, tenant_id: str, session_id: str, *, consistent: bool = True) -> list[Subscription]:
         return list(self.subs.get((tenant_id, session_id), {}).values())
 
     async def watch(self, tenant_id: str, container_id: str, connection_id: str) -> None:

@@ -258,7 +258,7 @@ class CloudFanout:
                     cached = self._subs.get(str(args[0]))
                     if cached is not None:
                         self._subs[str(args[0])] = (float("-inf"), cached[1])
-                    await self._subscribers(str(args[0]), 1 << 62)
+                    await self._subscribers(str(args[0]), 1 << 62, forced=True)
                 elif kind == "mark":
                     peer = self._peer(str(args[0]))
                     if len(args) > 2:
@@ -280,7 +280,8 @@ class CloudFanout:
             if cid != exclude:
                 self._send(cid, payload)
 
-    async def _subscribers(self, session_id: str, current_seq: int) -> dict[str, Subscription]:
+    async def _subscribers(self, session_id: str, current_seq: int, *, forced: bool = False
+                           ) -> dict[str, Subscription]:
         now = time.monotonic()
         cached = self._subs.get(session_id)
         every = self._refresh_every.get(session_id, self.refresh_s)
@@ -289,7 +290,11 @@ class CloudFanout:
         # the interval doubles (1, 2, 4 s): a 10 s turn reads its subscribers 4 times, not 10; a
         # subscriber that arrives meanwhile gets what it missed from this invocation's log when found
         self._refresh_every[session_id] = min(every * 2, self.max_refresh_s) if cached is not None else every
-        fresh = {s.connection_id: s for s in await self.registry.subscribers(self.tenant_id, session_id)}
+        # the first read and a forced one (an owed replay) are consistent; a periodic refresh need not be:
+        # a subscriber it finds late is caught up from this invocation's log below
+        consistent = cached is None or forced
+        fresh = {s.connection_id: s for s in await self.registry.subscribers(self.tenant_id, session_id,
+                                                                              consistent=consistent)}
         for cid, sub in fresh.items():
             if sub.batch:
                 self._peer(cid).batch = True

@@ -153,9 +153,9 @@ class DynamoDBConnections:
              TTL_ATTRIBUTE: expires},
         ])
 
-    async def subscribers(self, tenant_id: str, session_id: str) -> list[Subscription]:
+    async def subscribers(self, tenant_id: str, session_id: str, *, consistent: bool = True) -> list[Subscription]:
         pk = f"SUBS#{_k(tenant_id)}#{_k(session_id)}"
-        items = await self._query(pk)
+        items = await self._query(pk, consistent=consistent)
         if self._scoped(tenant_id, "read another tenant's subscribers"):
             for i in items:
                 self._seen.setdefault(i["connection_id"]["S"], set()).add(pk)
@@ -182,12 +182,12 @@ class DynamoDBConnections:
         items = await self._query(f"WATCH#{_k(tenant_id)}#{_k(container_id)}")
         return [i["connection_id"]["S"] for i in items]
 
-    async def _query(self, pk: str) -> list[dict[str, Any]]:
+    async def _query(self, pk: str, *, consistent: bool = True) -> list[dict[str, Any]]:
         client, table = self.store.client, self.store.table_name
         now = time.time()
         out: list[dict[str, Any]] = []
         kwargs: dict[str, Any] = {"TableName": table, "KeyConditionExpression": "PK = :pk",
-                                  "ExpressionAttributeValues": {":pk": _s(pk)}, "ConsistentRead": True}
+                                  "ExpressionAttributeValues": {":pk": _s(pk)}, "ConsistentRead": consistent}
         while True:
             res = await client.query(**kwargs)
             out.extend(i for i in res.get("Items", []) if int(i[TTL_ATTRIBUTE]["N"]) > now)
