@@ -256,7 +256,7 @@ class Assumptions:
     # turn-host tier
     host_tier: bool = True  # template TurnHostTier default (with WorkerImageUri set)
     host_capacity: Decimal = D(200)  # AVM_TURN_HOST_CAPACITY
-    scale_out_concurrency: Decimal = D(2)  # template TurnHostScaleOutConcurrency
+    scale_out_concurrency: Decimal = D(3)  # template TurnHostScaleOutConcurrency
     scale_out_lag_min: Decimal = D(3)  # 2 of 3 one-minute periods + task start: turns stay on Lambda meanwhile
     scale_in_turns: Decimal = D(1)  # template TurnHostScaleInTurns: hosts' running turns average under it
     scale_in_delay_min: Decimal = D(15)  # template: low for 15 minutes before a task goes

@@ -455,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapstart-versions", type=int, default=1, help="published chat_turn versions kept")
     parser.add_argument("--pitr", type=_on_off, default=True, help="point-in-time recovery on|off (default on)")
     parser.add_argument("--llm-seconds", type=D, default=D(10), help="assumed LLM wait per turn (default 10)")
-    parser.add_argument("--scale-out-concurrency", type=D, default=D(2), help="TurnHostScaleOutConcurrency")
+    parser.add_argument("--scale-out-concurrency", type=D, default=Assumptions.scale_out_concurrency,
+                        help="TurnHostScaleOutConcurrency")
     parser.add_argument("--host-tier", type=_on_off, default=True, help="the turn-host tier deployed on|off")
     parser.add_argument("--usage-months", type=D, default=D(12), help="months of usage records in the table")
     args = parser.parse_args(argv)

@@ -112,10 +112,10 @@ def test_one_task_hour_and_the_crossover_formula() -> None:
     assert D(x["concurrent_turns"]) == (D("0.024975") * D("10.5") / (3600 * saved)).quantize(D("0.01"))
     assert x["threshold_ok"] is (D(2) >= D("0.024975") * D("10.5") / (3600 * saved))
     assert Model(counts(), replace(HAND, scale_out_concurrency=D(0)), US_EAST_1).crossover()["threshold_ok"] is False
-    # hosts go below 1 running turn a host, under the scale-out threshold of 2: no cycling
+    # hosts go below 1 running turn a host, under the scale-out threshold of 3: no cycling
     check = x["scale_in_check"]
     assert check["scale_in_turns"] == "1" and "no cycling" in check["why"]
-    cycling = Model(counts(), replace(HAND, scale_in_turns=D(2)), US_EAST_1).crossover()["scale_in_check"]
+    cycling = Model(counts(), replace(HAND, scale_in_turns=D(3)), US_EAST_1).crossover()["scale_in_check"]
     assert "the tier cycles" in cycling["why"]
 
 
@@ -207,9 +207,14 @@ def test_counts_are_weighted_over_the_conversation_lengths(tmp_path: Path) -> No
     assert got.host.concurrent_turns_at_70pct == D(121)  # 0.7 × 0.5 vCPU × 10.4 s × 1000 / 30 ms, floored
 
 
-def test_the_old_schema_is_read_as_the_lambda_tier_at_length_1() -> None:
-    got = load_counts(DOCS_COUNTS)
-    old = json.loads(DOCS_COUNTS.read_text())["flush_ms"]["250"]
+def test_the_old_schema_is_read_as_the_lambda_tier_at_length_1(tmp_path: Path) -> None:
+    # the shape docs/aws-calls.json had before issue 17 (one turn, per flush window)
+    old = {"post_to_connection": 22, "post_units_32kb": 22, "ddb_write_units": 21, "ddb_read_units": 40.5,
+           "lambda_invocations": {"chat_turn": 1, "ws_default": 1}, "inbound_frames": 1, "turn_seconds": 10.32}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"mode": "full", "deltas": 100, "delta_gap_ms": 100.0, "time_scale": 1.0,
+                                "flush_ms": {"0": {**old, "post_to_connection": 109}, "250": old}}))
+    got = load_counts(path)
     assert got.lambda_tier.frames_stock == D(old["post_to_connection"])
     assert got.lambda_tier.ddb_write_units == D(str(old["ddb_write_units"]))
     assert "old schema, flushMs=250" in got.lambda_tier.source
@@ -263,3 +268,15 @@ def test_goals_met_exit_0_and_missed_exit_1(tmp_path: Path, capsys: pytest.Captu
     assert main(["--counts", str(path), "--chat-turn-memory", "2048", "--snapstart-versions", "2"]) == 1
     out = capsys.readouterr()
     assert "goal idle: $16.80 <= $3.00: MISSED" in out.out and out.err == "FAILED: goal(s) missed: 1M, idle\n"
+
+
+def test_the_measured_counts_in_docs_have_both_tiers_at_every_length() -> None:
+    """docs/aws-calls.json is what `make bench` measured (docs/cost-model.md prices it)."""
+    data = json.loads(DOCS_COUNTS.read_text())
+    assert data["mode"] == "full" and data["time_scale"] == 1.0
+    for tier in ("lambda", "host"):
+        assert sorted(data["tiers"][tier], key=int) == ["1", "20", "100"], tier
+        for m in data["tiers"][tier].values():
+            assert set(m["frames_per_client"]) == {"stock", "batched"}
+    got = load_counts(DOCS_COUNTS)
+    assert got.chat_turn_memory_mb == data["chat_turn"]["memory_mb"] and got.host.source == "measured"

@@ -355,6 +355,11 @@ def main(argv: list[str] | None = None) -> int:
         counts = json.loads(args.into.read_text())
         counts["host"] = data["host"]
         counts.setdefault("tiers", {})["host"] = data["tiers"]["host"]
+        # a batched client's frames come from the same fan-out code on both tiers: the Lambda tier's count
+        batched = {m["frames_per_client"].get("batched") for m in counts["tiers"].get("lambda", {}).values()}
+        for m in data["tiers"]["host"].values():
+            if len(batched) == 1 and None not in batched:
+                m["frames_per_client"]["batched"] = next(iter(batched))
         args.into.write_text(json.dumps(counts, indent=2) + "\n")
     return 0
 

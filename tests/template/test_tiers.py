@@ -258,7 +258,8 @@ def test_the_turn_hosts_scale_out_on_spilled_turns_and_in_to_zero_when_idle() ->
         "Period": 60, "EvaluationPeriods": 3, "DatapointsToAlarm": 2,
         "Threshold": {"Ref": "TurnHostScaleOutConcurrency"}, "ComparisonOperator": "GreaterThanOrEqualToThreshold",
         "AlarmActions": [{"Ref": "TurnHostScaleOut"}]}
-    assert _template()["Parameters"]["TurnHostScaleOutConcurrency"]["Default"] == 2
+    # docs/cost-model.md, crossover: a 0.5 vCPU host pays for itself from about 2.2 concurrent turns
+    assert _template()["Parameters"]["TurnHostScaleOutConcurrency"]["Default"] == 3
     idle = _resource("TurnHostIdleAlarm")["Properties"]
     assert {k: idle[k] for k in ("Namespace", "MetricName", "Dimensions", "Statistic", "Period", "EvaluationPeriods",
                                  "DatapointsToAlarm", "Threshold", "ComparisonOperator", "AlarmActions")} == {
