@@ -23,6 +23,7 @@ import botocore.session
 
 from agentvm.adapters.aws.apigw_gateway import MAX_FRAME_BYTES, ApiGatewayGateway
 from agentvm.adapters.aws.aws_env import SecretLLMProvider, SecretValues
+from agentvm.adapters.aws.botocore_async import set_threads
 from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
@@ -112,6 +113,7 @@ class CloudRuntime:
         if not settings.table_name:
             raise InvalidRequest("AVM_TABLE_NAME is not set: the cloud runtime needs its DynamoDB table",
                                  field="table_name")
+        set_threads(settings.aws_threads)  # before any client: a turn host runs many turns at once
         self.settings = settings
         self.session = session
         self.secrets_session = secrets_session or session

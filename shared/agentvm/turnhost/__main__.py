@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from agentvm.adapters.aws.botocore_async import set_threads
 from agentvm.cloud.observability import Count, InvocationMetrics, record_turns
 from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
@@ -156,7 +155,6 @@ def main() -> int:
         print(str(exc), file=sys.stderr)
         return 2
     setup_logging(settings.log_level)
-    set_threads(settings.aws_threads)
     finished = asyncio.run(serve(settings))
     if not finished:
         logging.shutdown()
