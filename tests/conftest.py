@@ -52,3 +52,16 @@ def root_logging() -> Iterator[None]:
     for h in handlers:
         root.addHandler(h)
     root.setLevel(level)
+
+
+
+@pytest.fixture(autouse=True)
+def _exclusive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """`@pytest.mark.exclusive`: the test never runs beside another exclusive one (tests/support/exclusive.py)."""
+    if request.node.get_closest_marker("exclusive") is None:
+        yield
+        return
+    from tests.support.exclusive import exclusive
+
+    with exclusive():
+        yield

@@ -24,6 +24,7 @@ from tests.bench.aws_calls import (
 from tests.bench.chat_turn_rss import MARGIN_MB, SIZES, TURNS, layer_dir, recommend, template_env
 from tests.bench.cost_inputs import Assumptions, parse_counts
 from tests.bench.cost_model import Model
+from tests.support.exclusive import exclusive
 from tests.support.servers import REPO
 
 pytestmark = pytest.mark.e2e
@@ -32,8 +33,9 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("aws-calls") / "calls.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.bench.aws_calls", "--quick", "--detail", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=400)
+    with exclusive():  # a CPU-heavy benchmark (tests/support/exclusive.py)
+        proc = subprocess.run([sys.executable, "-m", "tests.bench.aws_calls", "--quick", "--detail", "--json",
+                               str(out)], cwd=REPO, capture_output=True, text=True, timeout=400)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.returncode, proc.stdout, json.loads(out.read_text())
 

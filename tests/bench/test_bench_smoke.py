@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.bench.cold_imports import EXPECTED, discover
+from tests.support.exclusive import exclusive
 from tests.support.servers import REPO
 
 pytestmark = pytest.mark.e2e
@@ -40,8 +41,9 @@ def positive(v: object) -> bool:
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.bench.run", "--quick", "--json", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=240)
+    with exclusive():  # a CPU-heavy benchmark (tests/support/exclusive.py)
+        proc = subprocess.run([sys.executable, "-m", "tests.bench.run", "--quick", "--json", str(out)], cwd=REPO,
+                              capture_output=True, text=True, timeout=240)
     assert out.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc, json.loads(out.read_text())
 

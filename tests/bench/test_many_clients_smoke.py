@@ -17,7 +17,7 @@ from agentvm.api.ws_hub import OVERFLOW_REASON
 from tests.bench.many_clients import QUICK
 from tests.support.servers import REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]  # a CPU-heavy benchmark
 
 
 def positive(v: object) -> bool:

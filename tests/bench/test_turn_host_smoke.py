@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.servers import REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]  # a CPU-heavy benchmark
 
 
 def test_quick_run_puts_every_turn_on_the_host_with_flat_counts(tmp_path: Path) -> None:
@@ -42,5 +42,8 @@ def test_quick_run_puts_every_turn_on_the_host_with_flat_counts(tmp_path: Path) 
     # the first turn of a session also registers its agent; from the second on, writes do not grow
     # (read requests follow the turn's wall time, about 4 a second on the host: not compared here)
     second, third = tiers["2"], tiers["3"]
-    for key in ("ddb_write_requests", "ddb_write_units", "ddb_metering_requests", ):
+    for key in ("ddb_write_requests", "ddb_metering_requests"):
         assert second[key] == third[key], key
+    # units are sizes: the turn's events block holds as many text frames as the coalescing windows made
+    # (timing), so one session's block may cross a 1 KB boundary (+1 or 2 units in 5 sessions: 0.4)
+    assert abs(second["ddb_write_units"] - third["ddb_write_units"]) <= 0.4, (second, third)
