@@ -116,7 +116,8 @@ def test_reads_do_not_grow_with_the_conversation(quick_run: tuple[int, str, dict
         assert len(history) == 1 and float(history[0].split()[2]) <= 2, history
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 point 3: 22 write units per turn measured, target 8 (not reached yet)")
+@pytest.mark.xfail(strict=True, reason="issue 17 point 3: 21 write units per turn measured (docs/benchmarks.md), "
+                                       "target 8 (not reached yet)")
 def test_a_pure_chat_turn_makes_at_most_8_write_units(quick_run: tuple[int, str, dict[str, Any]]) -> None:
     for m in quick_run[2]["tiers"]["lambda"].values():
         assert m["ddb_write_units"] <= MAX_WRITE_UNITS
