@@ -4,7 +4,9 @@ constants the template tests share (test_template.py, test_tiers.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -199,3 +201,26 @@ def _role_statements(name: str) -> list[dict[str, Any]]:
         for statement in _as_list(policy["PolicyDocument"]["Statement"]):
             statements.extend(_branches(statement))
     return statements
+
+
+_TRANSLATE = (
+    "import json, re, sys\n"
+    "from samtranslator.translator.transform import transform\n"
+    "from samtranslator.yaml_helper import yaml_parse\n"
+    "text = re.sub(r'(CodeUri|ContentUri): \\S+', r'\\1: s3://bucket/key', open(sys.argv[1]).read())\n"
+    "class Policies:  # no managed policy is looked up (IAM is not called)\n"
+    "    def load(self): return {}\n"
+    "print(json.dumps(transform(yaml_parse(text), {}, Policies())))\n")
+
+
+@cache
+def _sam_transformed() -> dict[str, Any] | None:
+    """template.yaml as CloudFormation gets it (the SAM CLI venv's translator), None without that venv."""
+    sam = _sam_cli()
+    if sam is None:
+        return None
+    env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    result = subprocess.run([str(sam.parent / "python"), "-c", _TRANSLATE, str(TEMPLATE)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(json.loads(result.stdout))

@@ -512,6 +512,7 @@ def test_http_api_serves_the_management_app() -> None:
 def test_the_usage_export_runs_daily_on_a_schedule_with_no_idle_cost() -> None:
     events = _function("UsageExportFunction")["Events"]
     assert list(events.values()) == [{"Type": "ScheduleV2", "Properties": {
+        "OmitName": True,  # named per stack by CloudFormation (tests/template/test_stacks.py)
         "ScheduleExpression": "cron(15 0 * * ? *)", "ScheduleExpressionTimezone": "UTC",
         "RetryPolicy": {"MaximumRetryAttempts": 2}}}]
     s3 = [st for st in _statements("UsageExportFunction") if _as_list(st["Action"])[0].startswith("s3:")]
@@ -522,7 +523,8 @@ def test_the_usage_export_runs_daily_on_a_schedule_with_no_idle_cost() -> None:
 def test_the_turn_sweep_runs_on_a_schedule_and_only_reads_and_starts_chat_turn() -> None:
     events = _function("TurnSweepFunction")["Events"]
     assert list(events.values()) == [{"Type": "ScheduleV2", "Properties": {
-        "ScheduleExpression": {"Ref": "TurnSweepSchedule"}, "RetryPolicy": {"MaximumRetryAttempts": 0}}}]
+        "OmitName": True, "ScheduleExpression": {"Ref": "TurnSweepSchedule"},
+        "RetryPolicy": {"MaximumRetryAttempts": 0}}}]
     parameter = _template()["Parameters"]["TurnSweepSchedule"]
     assert parameter["Default"] == "rate(2 minutes)"
     assert re.fullmatch(parameter["AllowedPattern"], "rate(1 minute)")

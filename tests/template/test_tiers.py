@@ -5,9 +5,7 @@ settings (JSON logs without platform lines, the PITR parameter, one kept SnapSta
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,9 +15,7 @@ from tests.template.template_model import (
     CONFIG_PARAMETER_ARN,
     FUNCTIONS,
     NO_VALUE,
-    ROOT,
     STREAM_READ,
-    TEMPLATE,
     TURN_DISPATCHERS,
     TURN_HOST_RESOURCES,
     TURN_QUEUE_ARN,
@@ -31,7 +27,7 @@ from tests.template.template_model import (
     _resource,
     _resources,
     _role_statements,
-    _sam_cli,
+    _sam_transformed,
     _statements,
     _template,
     _text,
@@ -283,23 +279,10 @@ def test_the_turn_hosts_scale_out_on_spilled_turns_and_in_to_zero_when_idle() ->
 def test_sam_keeps_one_published_chat_turn_version_and_logs_json_everywhere() -> None:
     """The SAM translation itself (the SAM CLI venv's translator): chat_turn's generated
     AWS::Lambda::Version is deleted when a deploy replaces it, so one SnapStart snapshot stays cached."""
-    sam = _sam_cli()
-    if sam is None:
+    transformed = _sam_transformed()
+    if transformed is None:
         pytest.skip("SAM CLI venv not found (.venv-sam/bin/sam; `make sam-cli` builds it, AVM_SAM_CLI overrides)")
-    python = sam.parent / "python"
-    script = (
-        "import json, re, sys\n"
-        "from samtranslator.translator.transform import transform\n"
-        "from samtranslator.yaml_helper import yaml_parse\n"
-        "text = re.sub(r'(CodeUri|ContentUri): \\S+', r'\\1: s3://bucket/key', open(sys.argv[1]).read())\n"
-        "class Policies:  # no managed policy is looked up (IAM is not called)\n"
-        "    def load(self): return {}\n"
-        "print(json.dumps(transform(yaml_parse(text), {}, Policies())))\n")
-    env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
-    result = subprocess.run([str(python), "-c", script, str(TEMPLATE)], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    resources = json.loads(result.stdout)["Resources"]
+    resources = transformed["Resources"]
     versions = {name: r for name, r in resources.items() if r["Type"] == "AWS::Lambda::Version"}
     assert len(versions) == 1 and next(iter(versions)).startswith("ChatTurnFunctionVersion")
     assert next(iter(versions.values()))["DeletionPolicy"] == "Delete"
