@@ -33,7 +33,7 @@ from agentvm.api.ws_endpoint import WebSocketEndpoint
 from agentvm.api.ws_hub import LocalHub
 from agentvm.api.ws_router import CommandRouter
 from agentvm.auth.api_keys import Authenticator
-from agentvm.config import Settings
+from agentvm.config import Settings, cors_origin_list
 from agentvm.domain.models import DEFAULT_TENANT, Principal
 from agentvm.domain.sandbox_limits import Limits
 from agentvm.drivers.scripted import ScriptedDriver
@@ -204,6 +204,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
                                                      archive_max_bytes=settings.archive_max_bytes,
                                                      spool_dir=settings.data_dir,
                                                      max_body_bytes=settings.http_max_body_bytes,
+                                                     cors_origins=cors_origin_list(settings.cors_origins),
                                                      metrics=lambda: metrics, turn_log=lambda: store,
                                                      health_extra=tool_sandbox.health))
     app.add_api_websocket_route("/ws", endpoint)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?")
+
+
+def cors_origin_list(value: str) -> list[str]:
+    """AVM_CORS_ORIGINS as a list (empty: no cross-origin access)."""
+    return [o.strip() for o in value.split(",") if o.strip()]
 
 
 def _default_data_dir() -> Path:
@@ -92,6 +100,9 @@ class Settings(BaseSettings):
         "Largest session archive `POST /v1/sessions/import` accepts (bytes); larger ones get a 413."))
     http_max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1 << 30, description=(
         "Largest body of any other HTTP request (bytes); larger ones get a 413, unread."))
+    cors_origins: str = Field("", description=(
+        "Origins whose browser pages may call the HTTP APIs (comma-separated, e.g. "
+        "https://console.example.com); empty: no cross-origin access. No wildcard: name each origin."))
     log_level: str = Field("INFO", description="Log level of the structured stderr log.")
     reliable_wrapper: bool = Field(True, description=(
         "Wrap frames as {__msgId, __payload} and accept ACKs. Off in the cloud: every ACK would be a billed "
@@ -143,6 +154,14 @@ class Settings(BaseSettings):
         "aws_endpoint_url."))
     aws_region: str | None = Field(None, validation_alias=AliasChoices("AWS_REGION", "AVM_AWS_REGION"),
                                    description="AWS region (set by Lambda).")
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: str) -> str:
+        for origin in cors_origin_list(value):
+            if not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path, no wildcard)")
+        return value
 
     def database_path(self) -> Path:
         return self.data_dir / "agentvm.db"

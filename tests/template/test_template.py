@@ -557,3 +557,15 @@ def test_chat_turn_may_only_start_the_worker_task() -> None:
     task = _resource("WorkerTaskDefinition")["Properties"]
     assert task["RuntimePlatform"]["CpuArchitecture"] == "ARM64"
     assert task["RequiresCompatibilities"] == ["FARGATE"]
+
+
+def test_cross_origin_access_is_a_parameter_off_by_default() -> None:
+    """A web console on another origin may call the HTTP API and the streaming Function URL only when
+    the operator names its origin (issue 18, finding 4). The apps answer CORS themselves
+    (AVM_CORS_ORIGINS, tests/api/test_cors.py): neither the API nor the URL configures it."""
+    parameter = _template()["Parameters"]["CorsAllowedOrigins"]
+    assert (parameter["Type"], parameter["Default"]) == ("CommaDelimitedList", "")
+    assert _template()["Globals"]["Function"]["Environment"]["Variables"]["AVM_CORS_ORIGINS"] == {
+        "Fn::Join": [",", {"Ref": "CorsAllowedOrigins"}]}
+    assert "Cors" not in _function("ChatStreamFunction")["FunctionUrlConfig"]
+    assert "CorsConfiguration" not in _resource("HttpApi")["Properties"]

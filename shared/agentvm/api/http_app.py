@@ -6,7 +6,8 @@ included (400 naming the field, not FastAPI's 422 list). Every request passes th
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,8 @@ class HttpApi:
     spool_dir: Path | None = None
     # the largest body of any other request (None: AVM_HTTP_MAX_BODY_BYTES)
     max_body_bytes: int | None = None
+    # origins whose browser pages may call this API (None: AVM_CORS_ORIGINS; empty: none)
+    cors_origins: Sequence[str] | None = None
     # /v1/auth/keys: the key store's service, and who manages keys (a tenant, admin or not)
     keys: Callable[[], KeyService] | None = None
     key_caller: Callable[[Request], Awaitable[Caller]] | None = None
@@ -235,5 +238,21 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
                        default_caller=principal_for,
                        default_limit=BodyLimit(body_limit, _body_too_large),
                        limits=limits)
+    origins = list(api.cors_origins) if api is not None and api.cors_origins is not None else _env_origins()
+    if origins:  # added last, so outermost: a preflight (no key) is answered before the gate asks for one
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=CORS_METHODS,
+                           allow_headers=CORS_HEADERS, expose_headers=["retry-after", "x-request-id"], max_age=600)
     return app
+
+
+CORS_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
+CORS_HEADERS = ["authorization", "content-type", "last-event-id", "x-request-id"]
+
+
+def _env_origins() -> list[str]:
+    from agentvm.config import Settings, cors_origin_list
+
+    return cors_origin_list(Settings().cors_origins) if os.environ.get("AVM_CORS_ORIGINS") else []
 
