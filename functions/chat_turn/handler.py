@@ -9,11 +9,13 @@ from typing import Any
 # loaded at init (and in the SnapStart snapshot), not by the first invocation
 import agentvm.adapters.aws.cloud_fanout
 import agentvm.hosting.session_worker  # noqa: F401
+from agentvm.cloud import snapstart
 from agentvm.cloud.observability import Count, observe, record_turns
 from agentvm.cloud.runtime import run, runtime
 
 log = logging.getLogger("agentvm.chat_turn")
 obs = observe("chat_turn")
+snapstart.install()  # restored environments must not share the snapshot's random state
 
 
 async def _run_turns(tenant_id: str, session_id: str) -> int:

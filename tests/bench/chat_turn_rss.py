@@ -69,6 +69,13 @@ def template_env(resources: Mapping[str, str], overrides: Mapping[str, str]) -> 
                 return resources.get(arg, pseudo.get(arg))
             if kind == "Fn::If":
                 return resolve(arg[1] if CONDITIONS[arg[0]] else arg[2])
+            if kind == "Fn::Join":
+                items = arg[1]
+                if isinstance(items, dict):  # a list parameter: its value is comma-separated text
+                    text = resolve(items)
+                    return None if text is None else arg[0].join(p for p in str(text).split(",") if p)
+                parts = [resolve(x) for x in items]
+                return None if any(p is None for p in parts) else arg[0].join(str(p) for p in parts)
             if kind == "Fn::Sub" and isinstance(arg, str):
                 out = arg
                 for name, v in {**pseudo, **resources}.items():
