@@ -185,8 +185,13 @@ def test_function_is_small_arm64_python312(name: str) -> None:
     if name == WEB_ADAPTER:
         assert function["Handler"] == "run.sh"
         assert function["Layers"][0] == {"Ref": "AgentVMLayer"} and len(function["Layers"]) == 2
-        assert _text(function["Layers"][1]).endswith(
-            ":753240598075:layer:LambdaAdapterLayerArm64:${WebAdapterLayerVersion}")
+        condition, own, published = function["Layers"][1]["Fn::If"]
+        assert (condition, own) == ("HasWebAdapterLayerArn", {"Ref": "WebAdapterLayerArn"})
+        assert _text(published).endswith(":753240598075:layer:LambdaAdapterLayerArm64:${WebAdapterLayerVersion}")
+        pattern = parameters["WebAdapterLayerArn"]["AllowedPattern"]
+        assert parameters["WebAdapterLayerArn"]["Default"] == "" and re.fullmatch(pattern, "")
+        assert re.fullmatch(pattern, "arn:aws-cn:lambda:cn-north-1:041581134020:layer:LambdaAdapterLayerArm64:25")
+        assert not re.fullmatch(pattern, "LambdaAdapterLayerArm64:25")
         variables = function["Environment"]["Variables"]
         assert (variables["AWS_LAMBDA_EXEC_WRAPPER"], variables["AWS_LWA_INVOKE_MODE"]) == (
             "/opt/bootstrap", "response_stream")
