@@ -7,8 +7,11 @@ named table or bucket, so tests never share state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from decimal import Decimal
 from typing import Any
@@ -146,3 +149,36 @@ async def ssm(session: botocore.session.Session, moto_endpoint: str) -> AsyncIte
     client = new_client("ssm", session=session, endpoint_url=moto_endpoint)
     yield client
     await client.close()
+
+
+@contextlib.asynccontextmanager
+async def moto_table(moto_endpoint: str, *, session: botocore.session.Session | None = None,
+                     **options: Any) -> AsyncIterator[Any]:
+    """A fresh DynamoDB table of the store's schema on the moto server, opened; closed afterwards."""
+    from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
+
+    store = DynamoDBStore(f"agentvm-{uuid.uuid4().hex[:16]}", session=session, endpoint_url=moto_endpoint,
+                          region_name=REGION, **options)
+    await store.open()
+    await store.create_table()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def put_new_key(store: Any, tenant: str) -> tuple[Any, str]:
+    """An API key for `tenant` stored in the table: (the key, its token)."""
+    from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
+    from agentvm.auth.api_keys import new_key
+
+    key, token = new_key(tenant)
+    await DynamoDBKeys(store).put_key(key)
+    return key, token
+
+
+def without_agentvm_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing from the developer's shell reaches the handlers (AVM_*, LLM keys)."""
+    for name in list(os.environ):
+        if name.startswith(("AVM_", "LLM_", "ANTHROPIC_")):
+            monkeypatch.delenv(name)

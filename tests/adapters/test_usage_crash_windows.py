@@ -5,7 +5,6 @@ and shows what the recovery path leaves: the exact counters and records."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
@@ -21,6 +20,7 @@ from agentvm.drivers.base import LLMRequest
 from agentvm.money import Cost
 from agentvm.services.metering import Meter
 from tests.adapters.test_usage_ledger import NOV, P_NOV, _record
+from tests.aws_fixtures import moto_table
 
 HELD = Decimal("0.50")
 COST = Decimal("0.0123")
@@ -65,11 +65,8 @@ class _Store:
 @pytest.fixture
 async def dynamodb(aws_env: None, aws_session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[
         DynamoDBStore]:
-    store = DynamoDBStore(f"agentvm-{uuid.uuid4().hex[:16]}", session=aws_session, endpoint_url=moto_endpoint)
-    await store.open()
-    await store.create_table()
-    yield store
-    await store.close()
+    async with moto_table(moto_endpoint, session=aws_session) as store:
+        yield store
 
 
 def failing(store: DynamoDBStore, op: str, prefix: str, n: int = 1) -> DynamoDBUsageLedger:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import calendar
 import dataclasses
-import uuid
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from types import SimpleNamespace
@@ -23,6 +22,7 @@ from agentvm.domain.models import Usage
 from agentvm.domain.usage import Budget, Spend, UsageRecord, minute_of, period_of
 from agentvm.ids import now_ms
 from agentvm.ports import Store, UsageLedger
+from tests.aws_fixtures import moto_table
 from tests.support.dynamodb_calls import Calls
 
 
@@ -437,11 +437,8 @@ async def test_records_round_trip(ledger: UsageLedger) -> None:
 @pytest.fixture
 async def dynamodb(aws_env: None, aws_session: botocore.session.Session, moto_endpoint: str) -> AsyncIterator[
         DynamoDBStore]:
-    store = DynamoDBStore(f"agentvm-{uuid.uuid4().hex[:16]}", session=aws_session, endpoint_url=moto_endpoint)
-    await store.open()
-    await store.create_table()
-    yield store
-    await store.close()
+    async with moto_table(moto_endpoint, session=aws_session) as store:
+        yield store
 
 
 async def test_dynamodb_request_counts(dynamodb: DynamoDBStore) -> None:

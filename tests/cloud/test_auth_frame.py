@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.domain.models import ConnectionRecord
 from agentvm.drivers.scripted import ScriptedDriver
-from tests.aws_fixtures import REGION
+from tests.aws_fixtures import moto_table, put_new_key, without_agentvm_env
 from tests.support.cloud_edge import CloudEdge, cloud_edge
 from tests.support.stock_client import StockClient
 
@@ -46,26 +45,17 @@ class Cloud:
 
 @pytest.fixture
 async def cloud(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cloud]:
-    for name in list(os.environ):  # nothing from the developer's shell reaches the handlers
-        if name.startswith(("AVM_", "LLM_", "ANTHROPIC_")):
-            monkeypatch.delenv(name)
+    without_agentvm_env(monkeypatch)
     driver = ScriptedDriver()
     monkeypatch.setattr(cloud_runtime, "build_driver", lambda *args, **kwargs: driver)
-    table = f"agentvm-{uuid.uuid4().hex[:16]}"
-    store = DynamoDBStore(table, endpoint_url=moto_endpoint, region_name=REGION)
-    await store.open()
-    await store.create_table()
-    key, token = new_key(TENANT)
-    await DynamoDBKeys(store).put_key(key)
-    try:
+    async with moto_table(moto_endpoint) as store:
+        key, token = await put_new_key(store, TENANT)
         # no token: the edge's URL carries no credentials, as a browser's upgrade
-        async with cloud_edge(moto_endpoint=moto_endpoint, token=None, table_name=table) as edge:
+        async with cloud_edge(moto_endpoint=moto_endpoint, token=None, table_name=store.table_name) as edge:
             for name, value in {**edge.handler_env(), "AVM_CHAT_TURN_FUNCTION": "agentvm-chat-turn:live",
                                 "AVM_RELIABLE_WRAPPER": "false", "AVM_AUTH_TIMEOUT_S": str(AUTH_TIMEOUT_S)}.items():
                 monkeypatch.setenv(name, value)
             yield Cloud(edge, store, token, key.key_id)
-    finally:
-        await store.close()
 
 
 def auth(token: str) -> dict[str, Any]:

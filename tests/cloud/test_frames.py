@@ -8,8 +8,6 @@ Time is scaled by 1/10 (the cloud's 250 ms → 2 s window becomes 25 → 200 ms,
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +16,11 @@ import orjson
 import pytest
 
 from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
-from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
-from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
 from agentvm.engine.coalescer import max_text_frames
-from tests.aws_fixtures import REGION
+from tests.aws_fixtures import moto_table, put_new_key, without_agentvm_env
 from tests.support.cloud_edge import CloudEdge, cloud_edge
 from tests.support.stock_client import StockClient
 
@@ -52,27 +48,18 @@ class Cloud:
 
 @pytest.fixture
 async def cloud(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cloud]:
-    for name in list(os.environ):
-        if name.startswith(("AVM_", "LLM_", "ANTHROPIC_")):
-            monkeypatch.delenv(name)
+    without_agentvm_env(monkeypatch)
     driver = ScriptedDriver(parse_script(SCRIPT))
     monkeypatch.setattr(cloud_runtime, "build_driver", lambda *args, **kwargs: driver)
-    table = f"agentvm-{uuid.uuid4().hex[:16]}"
-    store = DynamoDBStore(table, endpoint_url=moto_endpoint, region_name=REGION)
-    await store.open()
-    await store.create_table()
-    key, token = new_key(TENANT)
-    await DynamoDBKeys(store).put_key(key)
-    try:
-        async with cloud_edge(moto_endpoint=moto_endpoint, token=token, table_name=table) as edge:
+    async with moto_table(moto_endpoint) as store:
+        _, token = await put_new_key(store, TENANT)
+        async with cloud_edge(moto_endpoint=moto_endpoint, token=token, table_name=store.table_name) as edge:
             env = {**edge.handler_env(), "AVM_CHAT_TURN_FUNCTION": "agentvm-chat-turn:live",
                    "AVM_RELIABLE_WRAPPER": "false", "AVM_STREAM_FLUSH_MS": str(FLUSH_MS),
                    "AVM_STREAM_MAX_FLUSH_MS": str(MAX_FLUSH_MS)}
             for name, value in env.items():
                 monkeypatch.setenv(name, value)
             yield Cloud(edge, store, DynamoDBConnections(store))
-    finally:
-        await store.close()
 
 
 def frame_types(frames: list[Any]) -> list[Any]:

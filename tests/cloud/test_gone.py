@@ -7,8 +7,6 @@ gets no `$disconnect` here (API Gateway does not guarantee one), so what cleans 
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,13 +14,11 @@ from typing import Any
 import pytest
 
 from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
-from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
-from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.domain.models import TurnStatus
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
-from tests.aws_fixtures import REGION
+from tests.aws_fixtures import moto_table, put_new_key, without_agentvm_env
 from tests.support.cloud_edge import CloudEdge, cloud_edge
 from tests.support.stock_client import StockClient
 
@@ -47,26 +43,17 @@ class Cloud:
 
 @pytest.fixture
 async def cloud(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cloud]:
-    for name in list(os.environ):
-        if name.startswith(("AVM_", "LLM_", "ANTHROPIC_")):
-            monkeypatch.delenv(name)
+    without_agentvm_env(monkeypatch)
     driver = ScriptedDriver(parse_script(SCRIPT))
     monkeypatch.setattr(cloud_runtime, "build_driver", lambda *args, **kwargs: driver)
-    table = f"agentvm-{uuid.uuid4().hex[:16]}"
-    store = DynamoDBStore(table, endpoint_url=moto_endpoint, region_name=REGION)
-    await store.open()
-    await store.create_table()
-    key, token = new_key("tenant-g")
-    await DynamoDBKeys(store).put_key(key)
-    try:
-        async with cloud_edge(moto_endpoint=moto_endpoint, token=token, table_name=table) as edge:
+    async with moto_table(moto_endpoint) as store:
+        _, token = await put_new_key(store, "tenant-g")
+        async with cloud_edge(moto_endpoint=moto_endpoint, token=token, table_name=store.table_name) as edge:
             env = {**edge.handler_env(), "AVM_CHAT_TURN_FUNCTION": "agentvm-chat-turn:live",
                    "AVM_RELIABLE_WRAPPER": "false", "AVM_STREAM_FLUSH_MS": "0"}
             for name, value in env.items():
                 monkeypatch.setenv(name, value)
             yield Cloud(edge, store, DynamoDBConnections(store), driver)
-    finally:
-        await store.close()
 
 
 def session_events(client: StockClient, start: int) -> list[dict[str, Any]]:
