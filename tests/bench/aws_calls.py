@@ -63,6 +63,8 @@ DELTAS = 100
 DELTA_GAP_MS = 100
 MODEL = "claude-haiku-4-5"  # priced (agentvm/money.py): the scripted driver reports it as the model that answered
 MONTHLY_BUDGET = Decimal("1000")
+#: what a message must contain for the script (`_script`) to answer with the long reply, or a short one
+LONG, SHORT = "LONGREPLY", "SHORTREPLY"
 MAX_WRITE_UNITS = 8
 MAX_READ_GROWTH = 1.0
 _METERING_PREFIXES = ("USAGE#", "SPEND#", "RATE#", "BUDGET#")
@@ -402,9 +404,9 @@ def reply_chunks(n: int = DELTAS, seed: int = 17) -> list[str]:
 
 def _script(path: Path, gap_ms: float) -> None:
     path.write_text(json.dumps({"rules": [
-        {"match": "LONGREPLY", "responses": [{"text": reply_chunks(), "delay_ms": gap_ms, "model": MODEL,
+        {"match": LONG, "responses": [{"text": reply_chunks(), "delay_ms": gap_ms, "model": MODEL,
                                               "usage": {"input_tokens": 500, "output_tokens": 500}}]},
-        {"match": "SHORTREPLY", "responses": [{"text": ["Sure."], "model": MODEL,
+        {"match": SHORT, "responses": [{"text": ["Sure."], "model": MODEL,
                                                "usage": {"input_tokens": 50, "output_tokens": 5}}]}]}))
 
 
@@ -438,14 +440,14 @@ async def measure(*, scale: float, endpoint: str, counter: CallCounter, script: 
                     image = await client.new_image("bench", name="bench", model=MODEL)
                     for n in range(1, max(lengths) + 1):
                         if n not in lengths:
-                            await client.turn(image["imageId"], f"SHORTREPLY {n}", timeout=60)
+                            await client.turn(image["imageId"], f"{SHORT} {n}", timeout=60)
                             await edge.settle(include_invokes=True, timeout=60)
                             continue
                         calls_before = len(edge.invocations)
                         counter.reset()
                         counter.enabled = True
                         started = time.monotonic()
-                        await client.turn(image["imageId"], f"LONGREPLY {n}: a long answer please", timeout=120)
+                        await client.turn(image["imageId"], f"{LONG} {n}: a long answer please", timeout=120)
                         await edge.settle(include_invokes=True, timeout=60)
                         elapsed = time.monotonic() - started
                         counter.enabled = False
@@ -459,11 +461,11 @@ async def measure(*, scale: float, endpoint: str, counter: CallCounter, script: 
                 # frames are counted; they do not depend on the conversation's length
                 async with StockClient(edge.url, ack=False, batch=True) as batched:
                     other = await batched.new_image("bench", name="bench-batched", model=MODEL)
-                    await batched.turn(other["imageId"], "SHORTREPLY 1", timeout=60)
+                    await batched.turn(other["imageId"], f"{SHORT} 1", timeout=60)
                     await edge.settle(include_invokes=True, timeout=60)
                     counter.reset()
                     counter.enabled = True
-                    await batched.turn(other["imageId"], "LONGREPLY: a long answer please", timeout=120)
+                    await batched.turn(other["imageId"], f"{LONG}: a long answer please", timeout=120)
                     await edge.settle(include_invokes=True, timeout=60)
                     counter.enabled = False
                     batched_posts = counter.reset().posts

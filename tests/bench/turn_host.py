@@ -41,16 +41,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.bench.aws_calls import DELTA_GAP_MS, DELTAS, CallCounter, _environment, _script
+from tests.bench.aws_calls import (  # the same script, model and coalescing as the Lambda tier's counts
+    DELTA_GAP_MS,
+    DELTAS,
+    FLUSH_MS,
+    LONG,
+    MAX_FLUSH_MS,
+    MODEL,
+    SHORT,
+    CallCounter,
+    _environment,
+    _script,
+)
 from tests.bench.host_process import BytesOut
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = "claude-haiku-4-5"  # priced: the budget hold and the spend counter are counted
 VCPU = 0.5
 MEMORY_MB = 1024
 MAX_CPU = 0.7
-FLUSH_MS = 250
-MAX_FLUSH_MS = 2000  # template.yaml: AVM_STREAM_MAX_FLUSH_MS
 IDLE_S = 2.0
 
 
@@ -140,7 +148,7 @@ async def _conversation(url: str, length: int, timeout: float) -> tuple[Any, dic
     client = await StockClient(url, ack=False).__aenter__()
     image = await client.new_image(f"c-{uuid.uuid4().hex[:6]}", model=MODEL)
     for _ in range(length - 1):
-        await client.turn(image["imageId"], "SHORTREPLY", timeout=timeout)  # aws_calls' script: instant
+        await client.turn(image["imageId"], SHORT, timeout=timeout)  # instant
     return client, image
 
 
@@ -158,7 +166,7 @@ async def measure(length: int, sessions: int, *, edge: Any, store: Any, host: Ho
         bytes_out.bytes = 0
         counter.enabled = True
         started = time.monotonic()
-        await asyncio.gather(*(c.turn(image["imageId"], "LONGREPLY: a long answer please", timeout=timeout)
+        await asyncio.gather(*(c.turn(image["imageId"], f"{LONG}: a long answer please", timeout=timeout)
                                for c, image in made))
         await edge.settle(include_invokes=True, timeout=60)
         wall_s = time.monotonic() - started

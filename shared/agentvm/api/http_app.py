@@ -252,6 +252,8 @@ CORS_HEADERS = ["authorization", "content-type", "last-event-id", "x-request-id"
 
 
 def _env_origins() -> list[str]:
+    # Settings (pydantic-settings) is built only when the variable is set: http_api creates its app at
+    # import, on the Lambda cold path, and most deployments allow no origin
     from agentvm.config import Settings, cors_origin_list
 
     return cors_origin_list(Settings().cors_origins) if os.environ.get("AVM_CORS_ORIGINS") else []
