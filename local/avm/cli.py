@@ -1,4 +1,4 @@
-"""`avm`: serve the emulator, chat with it, issue API keys for a cloud deployment."""
+"""`avm`: serve the emulator, chat with it, issue API keys for a cloud deployment, smoke-test a deployment."""
 
 from __future__ import annotations
 
@@ -128,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"avm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    from avm import chat, config_cmd, keys, sessions_cmd, usage_cmd
+    from avm import chat, config_cmd, doctor, keys, sessions_cmd, usage_cmd
 
     chat.register(sub)
+    doctor.register(sub)
     keys.register(sub)
     config_cmd.register(sub)
     sessions_cmd.register(sub)
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(usage_cmd.run_usage, args)
         if args.command == "budgets":
             return _run(usage_cmd.run_budgets, args)
+        if args.command == "doctor":
+            return _run(doctor.run_doctor, args)
     except KeyboardInterrupt:
         return 130
     except ValidationError as exc:
