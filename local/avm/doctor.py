@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
+from agentvm.config import ClientSettings
 from agentvm.errors import InvalidRequest
 
 CONTAINER = "avm-doctor"  # reused by every run: the protocol has no container delete, an empty one costs nothing
@@ -39,10 +39,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="smoke-test a running deployment: health, key, a WebSocket and an SSE "
                                       "turn, their usage records; PASS/FAIL per step",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--url", default=os.environ.get("AVM_URL") or None,
+    env = ClientSettings()
+    p.add_argument("--url", default=env.url if "url" in env.model_fields_set else None,
                    help="the server: avm serve's base (http://127.0.0.1:8080 or its ws:// URL), or a stack's "
                         "HttpApiUrl output (default: $AVM_URL)")
-    p.add_argument("--token", default=os.environ.get("AVM_TOKEN") or None,
+    p.add_argument("--token", default=env.token.get_secret_value() if env.token else None,
                    help="an API key of the deployment (default: $AVM_TOKEN); not needed by avm serve's open mode")
     p.add_argument("--ws-url", help="the AgentX WebSocket (stack output WebSocketUrl; default: <url>/ws)")
     p.add_argument("--stream-url", help="the SSE chat API and images (stack output ChatStreamUrl; default: --url)")

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.e2e
 ID = r"[a-z0-9_]+"
 
 
-def avm(*argv: str) -> subprocess.CompletedProcess[str]:
+def avm(*argv: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AVM_", "LLM_", "ANTHROPIC_"))}
+    env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "avm.cli", *argv], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=120)
 
@@ -148,7 +149,7 @@ def test_failed_turns_fail_their_steps_and_the_image_is_still_deleted(tmp_path: 
 
 def test_a_server_that_is_down_fails_the_health_step() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    done = avm("doctor", "--url", url)
+    done = avm("doctor", env_extra={"AVM_URL": url})  # the URL from the environment, as for `avm chat`
     assert (done.returncode, done.stderr) == (1, "")
     assert done.stdout.splitlines() == [
         f"FAIL  health          cannot reach {url}: All connection attempts failed — fix: is the server running and "
