@@ -252,7 +252,8 @@ class Doctor:
             except ConnectError as exc:
                 if exc.status in (401, 403):
                     raise StepFailed(f"{self.where.ws}: the upgrade was refused: {exc}", _key_fix(self.token)) from None
-                raise StepFailed(f"cannot reach {self.where.ws}: {exc}",
+                detail = str(exc).removeprefix(f"cannot connect to {self.where.ws}: ")
+                raise StepFailed(f"cannot reach {self.where.ws}: {detail}",
                                  "is --ws-url right (a stack: its WebSocketUrl output)?") from None
             try:
                 result = await client.send_message(self.state.image_id, "Say OK.", session_id=self.state.session_id,
@@ -338,7 +339,8 @@ class Doctor:
         tokens_in = sum(int(r["usage"].get("inputTokens", 0)) for r in records)
         tokens_out = sum(int(r["usage"].get("outputTokens", 0)) for r in records)
         providers = ", ".join(sorted({str(r.get("provider")) for r in records}))
-        return (f"{len(records)} records of {len(wanted)} turns: {tokens_in} input and {tokens_out} output tokens, "
+        return (f"{_count(len(records), 'record')} of {_count(len(wanted), 'turn')}: {tokens_in} input and "
+                f"{tokens_out} output tokens, "
                 f"{billed:f} USD billed (provider {providers})")
 
     async def _cleanup(self) -> str:
@@ -358,6 +360,10 @@ def _turn_fix(code: object) -> str:
     if code in ("overloaded_error", "rate_limit_error"):
         return "the LLM provider is busy: run avm doctor again in a minute"
     return "see the server's log (a stack: the chat_turn and chat_stream log groups)"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _day(epoch_s: float) -> str:
