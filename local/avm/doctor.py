@@ -90,6 +90,11 @@ def targets(args: argparse.Namespace) -> Targets:
     return Targets(http, ws, stream)
 
 
+def shown(url: str) -> str:
+    """`url` as printed: without its query, where a `?token=` would be."""
+    return url.split("?", 1)[0]
+
+
 class StepFailed(Exception):
     def __init__(self, reason: str, fix: str) -> None:
         super().__init__(reason)
@@ -181,6 +186,11 @@ class Doctor:
             self.failed.append(name)
             self._line("FAIL", name, f"{exc.reason} — fix: {exc.fix}")
             return False
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # an answer not shaped like AgentVM's
+            self.failed.append(name)
+            self._line("FAIL", name, f"unexpected answer ({type(exc).__name__}: {exc}) — fix: do the URLs lead to "
+                                     "an AgentVM server of this version?")
+            return False
         self._line("PASS", name, detail)
         return True
 
@@ -251,9 +261,10 @@ class Doctor:
                 await client.connect()
             except ConnectError as exc:
                 if exc.status in (401, 403):
-                    raise StepFailed(f"{self.where.ws}: the upgrade was refused: {exc}", _key_fix(self.token)) from None
-                detail = str(exc).removeprefix(f"cannot connect to {self.where.ws}: ")
-                raise StepFailed(f"cannot reach {self.where.ws}: {detail}",
+                    raise StepFailed(f"{shown(self.where.ws)}: the upgrade was refused (HTTP {exc.status})",
+                                     _key_fix(self.token)) from None
+                detail = shown(str(exc).removeprefix(f"cannot connect to {self.where.ws}: "))
+                raise StepFailed(f"cannot reach {shown(self.where.ws)}: {detail}",
                                  "is --ws-url right (a stack: its WebSocketUrl output)?") from None
             try:
                 result = await client.send_message(self.state.image_id, "Say OK.", session_id=self.state.session_id,

@@ -4,11 +4,13 @@ server that is down fails the health step, and usage mistakes are one line with 
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from decimal import Decimal
 from pathlib import Path
 
@@ -161,6 +163,35 @@ def test_a_server_that_is_down_fails_the_health_step() -> None:
         "SKIP  usage           needs a turn that completed",
         "SKIP  cleanup         needs an image to delete",
         "avm doctor: 1 of 7 steps failed (health), 6 skipped",
+    ]
+
+
+def test_a_server_that_is_not_agentvm_fails_with_one_line() -> None:
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>it works</html>"
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        done = avm("doctor", "--url", url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (done.returncode, done.stderr) == (1, "")
+    assert done.stdout.splitlines()[:2] == [
+        "FAIL  health          unexpected answer (JSONDecodeError: Expecting value: line 1 column 1 (char 0)) — fix: "
+        "do the URLs lead to an AgentVM server of this version?",
+        "SKIP  auth            needs a server that answers",
     ]
 
 
