@@ -136,6 +136,19 @@ def _host_from_lambda(t: TierCounts) -> TierCounts:
                                               f"invocation replaced by {HOST_SQS_REQUESTS_PER_TURN} SQS requests)"})
 
 
+def load_balancer_tier(host: TierCounts) -> TierCounts:
+    """A turn on a host that holds its client's WebSocket itself (template WebSocketFront=LoadBalancer):
+    the host tier's turn without what API Gateway adds: no billed message (an ALB bills capacity units,
+    not frames), no `ws_default` invocation (the host runs the frame in-process, making the same DynamoDB
+    calls, counted the same), no SQS hop (the turn runs on the host that holds the connection)."""
+    inv = {f: n for f, n in host.lambda_invocations.items() if f not in ("ws_default", "chat_turn")}
+    return TierCounts(**{**host.__dict__, "tier": "host", "inbound_frames": D(0), "frames_stock": D(0),
+                         "frames_batched": D(0), "extra_32kb_units": D(0), "lambda_invocations": inv,
+                         "sqs_requests": D(0),
+                         "source": host.source + " (WebSocketFront=LoadBalancer: the host tier's counts without "
+                                                 "API Gateway messages, ws_default invocations and SQS requests)"})
+
+
 def parse_counts(data: Mapping[str, Any], file: str, flush_ms: str = "250") -> Counts:
     """The counts of a bench file, new schema (`tiers`) or old (`flush_ms`, read as the Lambda tier)."""
     if "tiers" in data:
@@ -267,6 +280,12 @@ class Assumptions:
     alarms: int = 2  # the host tier's scale-out and scale-in alarms
     ecr_image_gb: Decimal = D("0.3")  # the worker/turn-host image, compressed
     model_families: int = 2  # model families in use (a dimension of the token metrics)
+    # the WebSocket front: "api_gateway" (template default), "load_balancer" (an ALB in front of the turn
+    # hosts) or "cheapest" (each month priced on the cheaper of the two: the operator's choice by volume)
+    front: str = "cheapest"
+    lb_min_tasks: int = 1  # an ALB with no target refuses connections: one host always runs
+    alb_public_ipv4: int = 2  # an internet-facing ALB in two AZs holds a public IPv4 address in each
+    per_connection_bytes: Decimal = D(4096)  # the subscribe, the history answer (ALB processed bytes)
 
     def why(self) -> dict[str, str]:
         return {k: f"{getattr(self, k)}: {v}" for k, v in ASSUMPTION_WHY.items()}
@@ -331,6 +350,12 @@ ASSUMPTION_WHY = {
     "scale_in_turns": "template TurnHostScaleInTurns: a host goes when the hosts' running turns average under 1 "
                       "for 15 minutes",
     "heartbeat_s": "AVM_TURN_HOST_HEARTBEAT_S: one registry write (1 WRU) per host each",
+    "front": "WebSocketFront: each month is priced on the cheaper front (api_gateway or load_balancer); the "
+             "JSON gives both totals and the volume where the load balancer pays for itself",
+    "lb_min_tasks": "WebSocketFront=LoadBalancer: an ALB without a target refuses connections, so one host "
+                    "always runs",
+    "alb_public_ipv4": "an internet-facing ALB in two Availability Zones: one public IPv4 address each",
+    "per_connection_bytes": "bytes an ALB processes per connection besides turns (subscribe, history answer)",
     "day_curve": "turns per hour of the day (relative): a single-region user base, peak/average 1.6",
 }
 

@@ -36,11 +36,13 @@ from tests.bench.cost_inputs import (
     Counts,
     Scenario,
     TierCounts,
+    load_balancer_tier,
     load_counts,
 )
 from tests.bench.cost_prices import US_EAST_1, Price, Prices
 
 D = Decimal
+FRONTS = ("api_gateway", "load_balancer")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,18 @@ class Model:
     counts: Counts
     a: Assumptions
     p: Prices = US_EAST_1
+
+    @property
+    def load_balancer(self) -> bool:
+        return self.a.front == "load_balancer"
+
+    def with_front(self, front: str) -> Model:
+        return Model(self.counts, replace(self.a, front=front), self.p)
+
+    @property
+    def host_counts(self) -> TierCounts:
+        """The host tier's turn as this front bills it."""
+        return load_balancer_tier(self.counts.host_tier) if self.load_balancer else self.counts.host_tier
 
     @property
     def chat_turn_mb(self) -> int:
@@ -156,14 +170,21 @@ class Model:
         per_hour = [s.turns * w / curve_total / DAYS_PER_MONTH for w in curve]  # turns in hour h of a day
         tasks = []
         for turns in per_hour:
+            needed = math.ceil(turns * host_s / 3600 * a.within_hour_peak / self.task_capacity)
+            if self.load_balancer:  # every turn on a host; one host always (the ALB's target)
+                tasks.append(max(a.lb_min_tasks, needed))
+                continue
             on = a.host_tier and turns and turns * lam_s / 3600 >= a.scale_out_concurrency
-            tasks.append(math.ceil(turns * host_s / 3600 * a.within_hour_peak / self.task_capacity) if on else 0)
+            tasks.append(needed if on else 0)
         host_weight = task_hours = D(0)  # host_weight: the day's turns on hosts, in day-curve units
         lambda_hours = 0
         for h, (w, n) in enumerate(zip(curve, tasks, strict=True)):
             prev = tasks[h - 1]
             task_hours += n + max(0, prev - n) * a.scale_in_delay_min / 60
-            on_host = D(w) * (1 - a.scale_out_lag_min / 60) if n and not prev else D(w if n else 0)
+            if self.load_balancer:
+                on_host = D(w)
+            else:
+                on_host = D(w) * (1 - a.scale_out_lag_min / 60) if n and not prev else D(w if n else 0)
             host_weight += on_host
             lambda_hours += bool(s.turns and w - on_host)
         host_turns = s.turns * host_weight / curve_total
@@ -180,9 +201,11 @@ class Model:
         if plan["lambda_turns"]:
             lines += self.turn_lines(c.lambda_tier, plan["lambda_turns"])
         if plan["host_turns"]:
-            lines += self.turn_lines(c.host_tier, plan["host_turns"])
+            lines += self.turn_lines(self.host_counts, plan["host_turns"])
         lines += self.task_hour_lines(plan["task_hours"])
         lines += self._connection_lines(s)
+        if self.load_balancer:
+            lines += self._load_balancer_lines(s)
         lines += self._schedule_lines(s)
         storage, growth = self._storage_lines(s)
         lines += storage
@@ -191,6 +214,9 @@ class Model:
 
     def _connection_lines(self, s: Scenario) -> list[Line]:
         a, p, n = self.a, self.p, s.sessions
+        if self.load_balancer:  # the hosts hold the connections: only the registry's writes and reads
+            return [Line("DynamoDB", "write request units (connections)", n * a.per_connection_wru, p.ddb_write_unit),
+                    Line("DynamoDB", "read request units (connections)", n * a.per_connection_rru, p.ddb_read_unit)]
         mb = D(a.function_memory_mb) / MB_PER_GB
         calls = {"ws_connect": (n, a.ws_connect_ms), "ws_disconnect": (n, a.ws_disconnect_ms),
                  "ws_default": (n * a.per_connection_ws_default, a.ws_default_ms)}
@@ -206,6 +232,29 @@ class Model:
                   Line("DynamoDB", "write request units (connections)", n * a.per_connection_wru, p.ddb_write_unit),
                   Line("DynamoDB", "read request units (connections)", n * a.per_connection_rru, p.ddb_read_unit)]
         return lines
+
+    def lcu_hours(self, s: Scenario) -> Decimal:
+        """The ALB's capacity units, hour by hour of the day curve: the largest of its dimensions (new
+        connections / 25 a second, active connections / 3,000, processed GB / 1 an hour)."""
+        a = self.a
+        curve_total = D(sum(a.day_curve))
+        turn_bytes = self.counts.host_tier.bytes_out or a.default_bytes_out
+        total = D(0)
+        for w in a.day_curve:
+            share = D(w) / curve_total / DAYS_PER_MONTH
+            turns, sessions = s.turns * share, s.sessions * share
+            gb = (turns * turn_bytes + sessions * a.per_connection_bytes) / GIB
+            active = sessions * s.minutes_per_connection / 60
+            total += max(sessions / 3600 / 25, active / 3000, gb)
+        return total * DAYS_PER_MONTH
+
+    def _load_balancer_lines(self, s: Scenario) -> list[Line]:
+        a, p = self.a, self.p
+        return [Line("Elastic Load Balancing", "ALB hours (WebSocketFront=LoadBalancer)", HOURS_PER_MONTH, p.alb_hour),
+                Line("Elastic Load Balancing", "ALB capacity units (by hour of the day curve)", self.lcu_hours(s),
+                     p.alb_lcu_hour),
+                Line("VPC", f"public IPv4 (the ALB's, {a.alb_public_ipv4} AZs)", HOURS_PER_MONTH * a.alb_public_ipv4,
+                     p.public_ipv4_hour)]
 
     def _schedule_lines(self, s: Scenario) -> list[Line]:
         a, p = self.a, self.p
@@ -322,8 +371,40 @@ class Model:
                        "executions) is below it: hosts start before they pay for themselves")),
         }
 
+    def fronts(self) -> tuple[str, ...]:
+        if self.a.front != "cheapest":
+            return (self.a.front,)
+        return FRONTS if self.a.host_tier else ("api_gateway",)  # the load balancer's targets are the hosts
+
+    def priced(self, s: Scenario) -> tuple[str, list[Line], dict[str, Any], dict[str, Decimal]]:
+        """The scenario on the front it is priced on (the cheaper one when `front` is "cheapest"), with the
+        total on each front considered."""
+        options = {f: self.with_front(f).scenario_lines(s) for f in self.fronts()}
+        totals = {f: sum((line.cost for line in lines), D(0)) for f, (lines, _plan) in options.items()}
+        front = min(totals, key=lambda f: (totals[f], FRONTS.index(f)))
+        return front, options[front][0], options[front][1], totals
+
     def totals(self) -> dict[str, Decimal]:
-        return {s.name: sum((line.cost for line in self.scenario_lines(s)[0]), D(0)) for s in SCENARIOS}
+        out = {}
+        for s in SCENARIOS:
+            front, _lines, _plan, by_front = self.priced(s)
+            out[s.name] = by_front[front]
+        return out
+
+    def front_crossover(self) -> dict[str, str]:
+        """Turns a month of flat traffic from which WebSocketFront=LoadBalancer costs less than API Gateway:
+        the load balancer's fixed month (ALB hours, its addresses, the host that always runs) over what a
+        turn saves (API Gateway's messages, ws_default, the SQS hop)."""
+        lb, gw = self.with_front("load_balancer"), self.with_front("api_gateway")
+        p, a = self.p, self.a
+        fixed = (p.alb_hour.cost(HOURS_PER_MONTH) + p.public_ipv4_hour.cost(HOURS_PER_MONTH * a.alb_public_ipv4)
+                 + lb.task_hour_usd() * HOURS_PER_MONTH * a.lb_min_tasks)
+        saved = gw.per_turn(gw.host_counts) - lb.per_turn(lb.host_counts)
+        turns = fixed / saved if saved > 0 else None
+        return {"fixed_month_usd": str(fixed.quantize(D("0.01"))), "saved_per_turn_usd": str(saved),
+                "turns_per_month": str(turns.quantize(D(1))) if turns is not None else "never",
+                "why": "the ALB's hours and addresses plus one always-running host, over what a host turn saves "
+                       "without API Gateway (its messages, ws_default, the SQS hop); connections save more"}
 
     def levers(self) -> dict[str, dict[str, str]]:
         """The month totals with one assumption changed (the design levers and the unknowns)."""
@@ -336,7 +417,9 @@ class Model:
             "PITR off": (c, replace(a, pitr=False)),
             "usage records kept 2 months, not 12": (c, replace(a, usage_months_kept=D(2))),
             "LLM wait 20 s, not 10": (c, replace(a, llm_seconds=a.llm_seconds * 2)),
-            "no turn-host tier (Lambda only)": (c, replace(a, host_tier=False)),
+            "no turn-host tier (Lambda only)": (c, replace(a, host_tier=False, front="api_gateway")),
+            "WebSocketFront=ApiGateway for every month": (c, replace(a, front="api_gateway")),
+            "WebSocketFront=LoadBalancer for every month": (c, replace(a, front="load_balancer")),
         }
         return {name: {k: str(v.quantize(D("0.01"))) for k, v in Model(vc, va, self.p).totals().items()}
                 for name, (vc, va) in variants.items()}
@@ -345,11 +428,12 @@ class Model:
         scenarios: dict[str, Any] = {}
         totals: dict[str, Decimal] = {}
         for s in SCENARIOS:
-            lines, plan = self.scenario_lines(s)
-            total = sum((line.cost for line in lines), D(0))
+            front, lines, plan, by_front = self.priced(s)
+            total = by_front[front]
             totals[s.name] = total
             scenarios[s.name] = {
-                "turns": int(s.turns), "monthly_usd": str(total),
+                "turns": int(s.turns), "monthly_usd": str(total), "front": front,
+                "monthly_usd_by_front": {f: str(v) for f, v in by_front.items()},
                 "per_turn_usd": str(total / s.turns) if s.turns else "0", "why": s.why,
                 "host_turns": str(plan["host_turns"]), "lambda_turns": str(plan["lambda_turns"]),
                 "task_hours": str(plan["task_hours"]), "tasks_by_hour": plan["tasks_by_hour"],
@@ -375,6 +459,7 @@ class Model:
                                                          * self.turn_seconds(c.host_tier) / 3600 / self.task_capacity),
                          "turn_seconds": str(self.turn_seconds(c.host_tier))}},
             "crossover": self.crossover(),
+            "front_crossover": self.front_crossover(),
             "goals": goals,
             "levers": self.levers(),
             "assumptions": {**self.a.why(), "length_weights": "turn 1: 0.25, 20: 0.5, 100: 0.25 of a month's turns",
@@ -415,7 +500,9 @@ def render(r: dict[str, Any]) -> str:
         rows += [(i["service"], i["item"], i.get("tier", ""), qty(D(i["quantity"])), i["unit"],
                   f"${D(i['unit_price_usd']).normalize():f}", usd(i["monthly_usd"])) for i in s["line_items"]]
         rows.append(("", "TOTAL", "", "", "", "", usd(s["monthly_usd"])))
+        by_front = ", ".join(f"{f} {usd(v)}" for f, v in s["monthly_usd_by_front"].items())
         out += ["", f"== {name}: {s['turns']:,} turns a month ({s['why']})",
+                f"   WebSocket front: {s['front']} (totals by front: {by_front})",
                 f"   on hosts {qty(D(s['host_turns']))}, on Lambda {qty(D(s['lambda_turns']))}, "
                 f"task-hours {qty(D(s['task_hours']))}, tasks by hour of day {s['tasks_by_hour']}",
                 table(rows, right=(3, 6)), f"per turn: {usd(s['per_turn_usd'], '0.000001')}"]
@@ -425,7 +512,10 @@ def render(r: dict[str, Any]) -> str:
                 f"{usd(t['host']['per_turn_usd'], '0.0000001')} a turn + {usd(t['host']['task_hour_usd'], '0.00001')} "
                 f"a task-hour ({usd(t['host']['task_month_usd'])} a task-month, {t['host']['turns_per_task']} turns "
                 f"a task: {usd(t['host']['per_turn_at_capacity_usd'], '0.0000001')} a turn at capacity)",
-            f"crossover: {r['crossover']['why']}", f"scale in: {r['crossover']['scale_in_check']['why']}", ""]
+            f"crossover: {r['crossover']['why']}",
+            f"front crossover: WebSocketFront=LoadBalancer pays for itself from "
+            f"{r['front_crossover']['turns_per_month']} turns a month ({r['front_crossover']['why']})",
+            f"scale in: {r['crossover']['scale_in_check']['why']}", ""]
     levers: list[tuple[str, ...]] = [("lever (one change)", *r["scenarios"])]
     levers.append(("as above", *(usd(s["monthly_usd"]) for s in r["scenarios"].values())))
     levers += [(name, *(usd(v) for v in totals.values())) for name, totals in r["levers"].items()]
@@ -458,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-out-concurrency", type=D, default=Assumptions.scale_out_concurrency,
                         help="TurnHostScaleOutConcurrency")
     parser.add_argument("--host-tier", type=_on_off, default=True, help="the turn-host tier deployed on|off")
+    parser.add_argument("--front", choices=("cheapest", *FRONTS), default="cheapest",
+                        help="the WebSocket front each month is priced on (default: the cheaper one per month)")
     parser.add_argument("--usage-months", type=D, default=D(12), help="months of usage records in the table")
     args = parser.parse_args(argv)
     if not D(0) <= args.batched_share <= D(1):
@@ -467,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         counts = replace(counts, chat_turn_memory_mb=args.chat_turn_memory)
     a = Assumptions(batched_share=args.batched_share, snapstart_versions=args.snapstart_versions, pitr=args.pitr,
                     llm_seconds=args.llm_seconds, scale_out_concurrency=args.scale_out_concurrency,
-                    host_tier=args.host_tier, usage_months_kept=args.usage_months)
+                    host_tier=args.host_tier, usage_months_kept=args.usage_months, front=args.front)
     r = Model(counts, a).result()
     if args.json == "-":
         print(json.dumps(r, indent=2))

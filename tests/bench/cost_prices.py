@@ -51,6 +51,7 @@ _SQS = "https://aws.amazon.com/sqs/pricing/"
 _FARGATE = "https://aws.amazon.com/fargate/pricing/"
 _ECR = "https://aws.amazon.com/ecr/pricing/"
 _VPC = "https://aws.amazon.com/vpc/pricing/"
+_ELB = "https://aws.amazon.com/elasticloadbalancing/pricing/"
 _UNVERIFIED = "as listed by AWS in 2025; not re-verified offline"
 _LEGACY_FREE = "12 months, accounts opened before 2025-07-15"
 _ALWAYS = "always free"
@@ -84,6 +85,8 @@ class Prices:
     fargate_arm_vcpu_hour: Price
     fargate_arm_gb_hour: Price
     public_ipv4_hour: Price
+    alb_hour: Price
+    alb_lcu_hour: Price
     ecr_storage_gb_month: Price
 
     def all(self) -> list[Price]:
@@ -144,5 +147,8 @@ US_EAST_1 = Prices(
                               "2026 (vantage.sh; cloudburn.io 2026-04)"),
     public_ipv4_hour=Price("Public IPv4 address", D("0.005"), D(1), "address-hours", _VPC,
                            _UNVERIFIED + " (charged since 2024-02-01)"),
+    alb_hour=Price("Application Load Balancer", D("0.0225"), D(1), "ALB-hours", _ELB, _UNVERIFIED),
+    alb_lcu_hour=Price("Application Load Balancer capacity unit", D("0.008"), D(1), "LCU-hours", _ELB,
+                       _UNVERIFIED + " (an LCU: 25 new connections/s, 3,000 active connections, 1 GB/h to IP targets)"),
     ecr_storage_gb_month=Price("ECR private repository storage", D("0.10"), D(1), "GB-month", _ECR, _UNVERIFIED),
 )

@@ -231,7 +231,7 @@ def test_the_fixture_counts_are_read_with_every_key() -> None:
 def test_the_json_has_the_documented_shape(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["--counts", str(FIXTURE), "--json", "-"])
     r = json.loads(capsys.readouterr().out)
-    assert set(r) == {"scenarios", "tiers", "crossover", "goals", "levers", "assumptions", "counts"}
+    assert set(r) == {"scenarios", "tiers", "crossover", "front_crossover", "goals", "levers", "assumptions", "counts"}
     assert {name: s["turns"] for name, s in r["scenarios"].items()} == {"1M": 1_000_000, "30M": 30_000_000, "idle": 0}
     for s in r["scenarios"].values():
         items = s["line_items"]
@@ -244,6 +244,11 @@ def test_the_json_has_the_documented_shape(capsys: pytest.CaptureFixture[str]) -
         "30M": "750", "1M": "40", "idle": "3", "per_turn_30M": "0.000025"}
     assert {"per_turn_usd", "task_month_usd"} <= set(r["tiers"]["host"]) and "per_turn_usd" in r["tiers"]["lambda"]
     assert {"turns_per_month", "concurrent_turns", "why"} <= set(r["crossover"])
+    for s in r["scenarios"].values():  # priced on the cheaper front, both totals given
+        assert set(s["monthly_usd_by_front"]) == {"api_gateway", "load_balancer"}
+        assert s["monthly_usd"] == min(s["monthly_usd_by_front"].values(), key=D)
+        assert s["monthly_usd_by_front"][s["front"]] == s["monthly_usd"]
+    assert r["scenarios"]["idle"]["front"] == "api_gateway"  # an idle ALB alone is $16.43 + its addresses
     assert {f: r["assumptions"][f].split(": ")[0] for f in Assumptions.__dataclass_fields__} == {
         f: str(getattr(Assumptions(), f)) for f in Assumptions.__dataclass_fields__}  # each one with its why
     assert r["counts"]["file"] == "aws-calls.json" and r["counts"]["measured"]["model"] == "claude-haiku-4-5"
@@ -280,3 +285,48 @@ def test_the_measured_counts_in_docs_have_both_tiers_at_every_length() -> None:
             assert set(m["frames_per_client"]) == {"stock", "batched"}
     got = load_counts(DOCS_COUNTS)
     assert got.chat_turn_memory_mb == data["chat_turn"]["memory_mb"] and got.host.source == "measured"
+
+
+def test_the_load_balancer_front_bills_no_message_and_always_runs_one_host() -> None:
+    a = replace(HAND, front="load_balancer", day_curve=(0,) * 12 + (1,) * 12)
+    m = Model(counts(), a, flat_prices())
+    got = {line.item: line.quantity for line in m.turn_lines(m.host_counts, D(10))}
+    assert "WebSocket messages (turns)" not in got and "requests (send, receive, delete)" not in got
+    assert not any(item.startswith(("ws_default", "chat_turn")) for item in got)
+    assert got["write request units (turns)"] == D(20) and got["read request units (turns)"] == D(30)
+    # every turn on a host, whatever the volume; one host even in the quiet hours
+    s = Scenario("t", D(1_200_000), D(60_000), D(30), "")
+    plan = m.plan(s)
+    assert plan["tasks_by_hour"] == [1] * 12 + [3] * 12 and plan["lambda_turns"] == 0
+    assert plan["host_turns"] == D(1_200_000)
+    lines = {line.item: line.quantity for line in m.scenario_lines(s)[0]}
+    assert "WebSocket messages (connections)" not in lines and not any(k.startswith("ws_connect") for k in lines)
+    assert lines["write request units (connections)"] == 60_000 * a.per_connection_wru
+    assert lines["ALB hours (WebSocketFront=LoadBalancer)"] == HOURS_PER_MONTH
+    assert lines["public IPv4 (the ALB's, 2 AZs)"] == 2 * HOURS_PER_MONTH
+    # a busy hour: 1.2M / 12 / 30.42 days = 3,288 turns × GiB/100 each = 32.9 GB: the processed-bytes
+    # dimension (1 GB an hour per LCU) dominates 5,000 sessions × 30 min / 60 = 82 active connections / 3,000
+    per_hour = D(1_200_000) / 12 / DAYS_PER_MONTH
+    sessions = D(60_000) / 12 / DAYS_PER_MONTH
+    gb = (per_hour * GIB / 100 + sessions * a.per_connection_bytes) / GIB
+    got_lcu = lines["ALB capacity units (by hour of the day curve)"]
+    assert got_lcu.quantize(D("0.000001")) == (gb * 12 * DAYS_PER_MONTH).quantize(D("0.000001"))  # 12,000.23
+
+
+def test_each_month_is_priced_on_its_cheaper_front_and_the_front_crossover() -> None:
+    m = Model(counts(chat_turn_memory_mb=256), replace(HAND, batched_share=D(0)), US_EAST_1)
+    totals = {s.name: m.priced(s) for s in SCENARIOS}
+    for front, _lines, _plan, by_front in totals.values():
+        assert by_front[front] == min(by_front.values())
+    assert totals["idle"][0] == "api_gateway"
+    x = m.front_crossover()
+    lb, gw = m.with_front("load_balancer"), m.with_front("api_gateway")
+    fixed = D("0.0225") * 730 + D("0.005") * 730 * 2 + lb.task_hour_usd() * 730
+    saved = gw.per_turn(gw.host_counts) - lb.per_turn(lb.host_counts)
+    # what API Gateway adds to a host turn: 4 messages (1 in + 3 stock), ws_default, 3 SQS requests
+    ws_default = D("0.0000002") + D("0.5") * D("0.1") * D("0.0000133334")  # request + 0.5 GB × 0.1 s
+    init = D("0.1") * D("0.5") * 1 * D("0.0000133334")  # its cold starts' INIT: 10 % × 0.5 GB × 1 s
+    assert saved == D(4) / 1_000_000 + ws_default + D(3) * D("0.0000004") + init
+    assert x["turns_per_month"] == str((fixed / saved).quantize(D(1)))
+    only_gw = Model(counts(), replace(HAND, host_tier=False), US_EAST_1)
+    assert only_gw.fronts() == ("api_gateway",)  # no hosts: nothing for a load balancer to send to
