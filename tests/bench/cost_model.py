@@ -275,6 +275,8 @@ class Model:
             Line("CloudWatch", "custom metrics (EMF, metric × dimension combinations)", self.metric_months(plan),
                  p.custom_metric_month),
             Line("CloudWatch", "alarms (turn-host scaling)", D(a.alarms) if a.host_tier else D(0), p.alarm_month),
+            Line("CloudWatch", "alarms (guard rails)",
+                 D(a.guard_alarms + (a.detailed_alarm_count if a.detailed_alarms else 0)), p.alarm_month),
             Line("Secrets Manager", "LLM key", D(a.secrets), p.secret_month),
             Line("ECR", "turn-host image storage", a.ecr_image_gb if a.host_tier else D(0), p.ecr_storage_gb_month),
         ]
@@ -337,6 +339,7 @@ class Model:
             "usage records kept 2 months, not 12": (c, replace(a, usage_months_kept=D(2))),
             "LLM wait 20 s, not 10": (c, replace(a, llm_seconds=a.llm_seconds * 2)),
             "no turn-host tier (Lambda only)": (c, replace(a, host_tier=False)),
+            "DetailedAlarms on (21 alarms, not 8)": (c, replace(a, detailed_alarms=True)),
         }
         return {name: {k: str(v.quantize(D("0.01"))) for k, v in Model(vc, va, self.p).totals().items()}
                 for name, (vc, va) in variants.items()}
