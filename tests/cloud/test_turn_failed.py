@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -26,10 +26,10 @@ from agentvm.adapters.aws.dynamodb_usage import DynamoDBUsageLedger
 from agentvm.auth.api_keys import new_key
 from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
-from agentvm.domain.models import TurnStatus
+from agentvm.domain.models import LeaseState, Turn, TurnStatus
 from agentvm.domain.usage import Budget, period_of
 from agentvm.errors import InvalidRequest
-from agentvm.hosting.session_worker import WORKER_LOST_TEXT
+from agentvm.hosting.session_worker import WORKER_LOST_TEXT, DeadRunner
 from agentvm.hosting.turn_failure import FailedInvocation, handle_failed_invocation, parse_failure
 from agentvm.hosting.turn_sweep import SWEEP_GRACE_MS, sweep
 from agentvm.ids import now_ms
@@ -199,3 +199,47 @@ def test_the_record_lambda_sends_is_read() -> None:
     assert parse_failure(record) == FailedInvocation("r-1", "t", "s", "EventAgeExceeded", "")
     record["responsePayload"] = {"errorType": "Sandbox.Timedout", "errorMessage": "Task timed out after 900.00 seconds"}
     assert parse_failure(record).error == "Sandbox.Timedout"
+
+
+class _Leases:
+    def __init__(self, state: LeaseState) -> None:
+        self.state = state
+
+    async def poll(self, tenant_id: str, session_id: str, *, consistent: bool = False) -> LeaseState:
+        assert consistent, "the decision to start a runner reads the record consistently"
+        return self.state
+
+
+class _Dispatcher:
+    def __init__(self) -> None:
+        self.started: list[tuple[str, str]] = []
+
+    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+        self.started.append((tenant_id, session_id))
+
+
+@pytest.mark.parametrize(("dead", "state", "outcome", "dispatched"), [
+    # it died holding the session: its turn failed, the turns behind it get a runner
+    (DeadRunner(Turn("t", "turn-1", "s", "i", "c", "m", TurnStatus.FAILED, 1), more=True), LeaseState(),
+     ("failed_turn", "turn-1"), True),
+    (DeadRunner(None, more=False), LeaseState(), ("released", None), False),  # it died between turns
+    # it failed without the lease (or never ran): a queue nobody runs gets a runner now
+    (None, LeaseState(queued=frozenset({"turn-2"})), ("dispatched", None), True),
+    (None, LeaseState(queued=frozenset({"turn-2"}), held=True), ("left", None), False),  # a live runner has it
+    (None, LeaseState(), ("left", None), False),  # nothing queued
+])
+async def test_what_a_failure_record_leads_to(dead: DeadRunner | None, state: LeaseState, outcome: tuple[str, Any],
+                                              dispatched: bool) -> None:
+    asked: list[tuple[str, str, str]] = []
+
+    async def fail_dead_runner(tenant_id: str, session_id: str, owner: str) -> DeadRunner | None:
+        asked.append((tenant_id, session_id, owner))
+        return dead
+
+    dispatcher = _Dispatcher()
+    failure = FailedInvocation("req-9", "t", "s", "RetriesExhausted", "Runtime.ExitError")
+    report = await handle_failed_invocation(failure, cast(Any, _Leases(state)), fail_dead_runner,
+                                            cast(Any, dispatcher))
+    assert (report.outcome, report.turn_id) == outcome
+    assert asked == [("t", "s", "chat_turn:req-9")]  # the lease owner chat_turn used: its request id
+    assert dispatcher.started == ([("t", "s")] if dispatched else [])
