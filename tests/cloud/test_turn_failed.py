@@ -218,18 +218,23 @@ class _Dispatcher:
         self.started.append((tenant_id, session_id))
 
 
-@pytest.mark.parametrize(("dead", "state", "outcome", "dispatched"), [
+QUEUED = LeaseState(queued=frozenset({"turn-2"}))
+
+
+@pytest.mark.parametrize(("condition", "dead", "state", "outcome", "dispatched"), [
     # it died holding the session: its turn failed, the turns behind it get a runner
-    (DeadRunner(Turn("t", "turn-1", "s", "i", "c", "m", TurnStatus.FAILED, 1), more=True), LeaseState(),
-     ("failed_turn", "turn-1"), True),
-    (DeadRunner(None, more=False), LeaseState(), ("released", None), False),  # it died between turns
-    # it failed without the lease (or never ran): a queue nobody runs gets a runner now
-    (None, LeaseState(queued=frozenset({"turn-2"})), ("dispatched", None), True),
-    (None, LeaseState(queued=frozenset({"turn-2"}), held=True), ("left", None), False),  # a live runner has it
-    (None, LeaseState(), ("left", None), False),  # nothing queued
+    ("RetriesExhausted", DeadRunner(Turn("t", "turn-1", "s", "i", "c", "m", TurnStatus.FAILED, 1), more=True),
+     LeaseState(), ("failed_turn", "turn-1"), True),
+    ("RetriesExhausted", DeadRunner(None, more=False), LeaseState(), ("released", None), False),  # between turns
+    # it never ran (throttled past its age): a queue nobody runs gets a runner now
+    ("EventAgeExceeded", None, QUEUED, ("dispatched", None), True),
+    ("EventAgeExceeded", None, LeaseState(queued=QUEUED.queued, held=True), ("left", None), False),  # a runner has it
+    ("EventAgeExceeded", None, LeaseState(), ("left", None), False),  # nothing queued
+    # it failed without the lease: left to the sweep (a failure that repeats must not loop at Lambda's pace)
+    ("RetriesExhausted", None, QUEUED, ("left", None), False),
 ])
-async def test_what_a_failure_record_leads_to(dead: DeadRunner | None, state: LeaseState, outcome: tuple[str, Any],
-                                              dispatched: bool) -> None:
+async def test_what_a_failure_record_leads_to(condition: str, dead: DeadRunner | None, state: LeaseState,
+                                              outcome: tuple[str, Any], dispatched: bool) -> None:
     asked: list[tuple[str, str, str]] = []
 
     async def fail_dead_runner(tenant_id: str, session_id: str, owner: str) -> DeadRunner | None:
@@ -237,7 +242,7 @@ async def test_what_a_failure_record_leads_to(dead: DeadRunner | None, state: Le
         return dead
 
     dispatcher = _Dispatcher()
-    failure = FailedInvocation("req-9", "t", "s", "RetriesExhausted", "Runtime.ExitError")
+    failure = FailedInvocation("req-9", "t", "s", condition, "Runtime.ExitError")
     report = await handle_failed_invocation(failure, cast(Any, _Leases(state)), fail_dead_runner,
                                             cast(Any, dispatcher))
     assert (report.outcome, report.turn_id) == outcome

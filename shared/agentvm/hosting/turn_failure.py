@@ -18,9 +18,11 @@ queued behind it go to a new runner. A lease held by anyone else, a live runner 
 touched. Without the destination the client waited for the lease (60 s) and the next sweep (up to
 `TurnSweepSchedule`, 2 minutes); with it, about the time Lambda takes to report (a second or two).
 
-An invocation that failed without holding the lease (before taking it, or after releasing it), or
-that never ran (`EventAgeExceeded`: throttled past `MaximumEventAgeInSeconds`), left its session's
-queue without a runner: a runner is started now rather than at the next sweep.
+An invocation that never ran (`EventAgeExceeded`: throttled past `MaximumEventAgeInSeconds`) left its
+session's queue without a runner: one is started now rather than at the next sweep. One that failed
+without holding the lease (before taking it, or after releasing it) is left to the sweep: starting
+another runner at once would loop as fast as Lambda reports a failure that repeats (a missing
+permission, a bad setting), each invocation billed; the sweep retries at its schedule.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: The role (lease owner prefix) of the function whose failures are reported here.
 RUNNER_ROLE = "chat_turn"
+#: Lambda's condition for an event it dropped unrun (throttled longer than its maximum age).
+NEVER_RAN = "EventAgeExceeded"
 
 FailDeadRunner = Callable[[str, str, str], Awaitable[DeadRunner | None]]
 
@@ -90,12 +94,14 @@ async def handle_failed_invocation(failure: FailedInvocation, leases: SessionLea
         log.error("a chat_turn invocation failed holding the session: its turn is failed",
                   extra={**extra, "turn_id": turn_id, "more": dead.more})
         return FailureReport("failed_turn" if turn_id else "released", turn_id)
-    state = await leases.poll(t, s, consistent=True)
-    if not state.held and state.queued:
-        await dispatcher.start_turns(t, s)
-        log.error("a chat_turn invocation failed and left queued turns: a runner is started", extra=extra)
-        return FailureReport("dispatched")
-    log.warning("a chat_turn invocation failed; its session has a runner or nothing queued", extra=extra)
+    if failure.condition == NEVER_RAN:
+        state = await leases.poll(t, s, consistent=True)
+        if not state.held and state.queued:
+            await dispatcher.start_turns(t, s)
+            log.error("a chat_turn invocation expired unrun: a runner is started", extra=extra)
+            return FailureReport("dispatched")
+    log.error("a chat_turn invocation failed without holding its session: the sweep runs what it left",
+              extra=extra)
     return FailureReport("left")
 
 
