@@ -9,6 +9,7 @@ message runs normally. A failure record naming another invocation never breaks a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -21,12 +22,13 @@ from typing import Any, cast
 import pytest
 
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
+from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.dynamodb_usage import DynamoDBUsageLedger
 from agentvm.auth.api_keys import new_key
 from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
-from agentvm.domain.models import LeaseState, Turn, TurnStatus
+from agentvm.domain.models import Checkpoint, LeaseState, Turn, TurnStatus
 from agentvm.domain.usage import Budget, period_of
 from agentvm.errors import InvalidRequest
 from agentvm.hosting.session_worker import WORKER_LOST_TEXT, DeadRunner
@@ -60,9 +62,9 @@ class Stack:
     processes: ProcessEnvironments
 
 
-@pytest.fixture
-async def stack(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch,
-                tmp_path: Path) -> AsyncIterator[Stack]:
+@contextlib.asynccontextmanager
+async def _stack(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *,
+                 processes: bool) -> AsyncIterator[Stack]:
     for name in list(os.environ):  # nothing from the developer's shell reaches the handlers
         if name.startswith(("AVM_", "LLM_", "ANTHROPIC_")):
             monkeypatch.delenv(name)
@@ -79,15 +81,30 @@ async def stack(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPat
            "AVM_SCRIPT_PATH": str(script), **edge.handler_env()}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    # chat_turn in child processes (killable mid-turn); the other functions in threads
-    processes = ProcessEnvironments({**os.environ, "PYTHONPATH": os.pathsep.join(
+    # chat_turn in child processes (killable mid-turn), or in threads like the other functions
+    children = ProcessEnvironments({**os.environ, "PYTHONPATH": os.pathsep.join(
         str(REPO / part) for part in ("shared", "local", "client"))})
-    edge.processes["chat_turn"] = processes
+    if processes:
+        edge.processes["chat_turn"] = children
     try:
         async with edge.running():
-            yield Stack(edge, store, processes)
+            yield Stack(edge, store, children)
     finally:
         await store.close()
+
+
+@pytest.fixture
+async def stack(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch,
+                tmp_path: Path) -> AsyncIterator[Stack]:
+    async with _stack(moto_endpoint, monkeypatch, tmp_path, processes=True) as s:
+        yield s
+
+
+@pytest.fixture
+async def thread_stack(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch,
+                       tmp_path: Path) -> AsyncIterator[Stack]:
+    async with _stack(moto_endpoint, monkeypatch, tmp_path, processes=False) as s:
+        yield s
 
 
 async def _streaming(c: StockClient, image: dict[str, Any], content: str, deltas: int = 3) -> int:
@@ -156,6 +173,39 @@ async def test_chat_turn_killed_mid_turn_tells_the_client_within_10_s_and_releas
     history = await stack.store.list_messages(TENANT, sid)
     assert [m.body.get("subtype") for m in history][-3:] == ["error", "user", "assistant"]
     assert (await ledger.spend(TENANT, None, period)).reserved == 0
+
+
+async def test_a_chat_turn_that_raises_mid_turn_keeps_its_mark_and_its_client_is_told(
+        thread_stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error escaping the runner (here the turn's final write fails) is a failed invocation too: the
+    lease is released with the runner's mark kept, and turn_failed fails the unsettled turn at once."""
+    stack = thread_stack
+    commit = DynamoDBStore.commit
+    failed: list[str] = []
+
+    async def failing_commit(self: DynamoDBStore, checkpoint: Checkpoint) -> None:
+        if not failed and any(t.status == TurnStatus.COMPLETED for t in checkpoint.turns):
+            failed.append(checkpoint.turns[0].turn_id)
+            raise RuntimeError("injected: the table refused the turn's last write")
+        await commit(self, checkpoint)
+
+    monkeypatch.setattr(DynamoDBStore, "commit", failing_commit)
+    async with StockClient(stack.edge.url) as c:
+        image = await c.new_image("c-raise", model=MODEL)
+        sid = image["sessionId"]
+        seen = await _streaming(c, image, "slow, then the write fails", deltas=1)
+        await c.wait_for(lambda e: e.get("type") == "error_occurred", 20, seen)
+        await stack.edge.settle(include_invokes=True)
+    [record] = stack.edge.failure_records
+    assert record["responsePayload"] == {"errorType": "RuntimeError",
+                                         "errorMessage": "injected: the table refused the turn's last write"}
+    assert [e.function for e in stack.edge.errors] == ["chat_turn"]
+    errors = [e["data"] for e in c.events[seen:] if e.get("type") == "error_occurred"]
+    assert errors == [{"code": "worker_lost", "message": WORKER_LOST_TEXT, "recoverable": True}]
+    turns = await stack.store.list_turns(TENANT, sid)
+    assert [(t.turn_id, t.status, t.error_code) for t in turns] == [(failed[0], TurnStatus.FAILED, "worker_lost")]
+    state = await DynamoDBLeases(stack.store).poll(TENANT, sid, consistent=True)
+    assert (state.held, state.dead_runner, state.queued) == (False, "", frozenset())
 
 
 async def test_a_failure_record_of_another_invocation_never_breaks_a_live_runner(stack: Stack) -> None:

@@ -102,8 +102,12 @@ class SessionWorker:
             run = _Run(state, interrupts=state.interrupts)
             try:
                 ran += await self._tenure(tenant_id, session_id, run)
-            finally:
-                rest = await self._release(tenant_id, session_id, run)
+            except BaseException:
+                # The turn it was running is not settled: the release keeps the runner mark, so the next
+                # holder fails that turn as a dead runner's (turn_failed at once, for a chat_turn that raised).
+                await self._release_unsettled(tenant_id, session_id, run)
+                raise
+            rest = await self._release(tenant_id, session_id, run)
             if rest is None or not rest.has_work or run.handed_off:
                 return ran
 
@@ -127,8 +131,10 @@ class SessionWorker:
                 if leftover:
                     await self.deps.store.commit(Checkpoint(tenant_id, session_id, events=leftover))
                 run.next_seq = channel.next_seq
-        finally:
-            rest = await self._release(tenant_id, session_id, run)
+        except BaseException:
+            await self._release_unsettled(tenant_id, session_id, run)  # the next holder recovers it
+            raise
+        rest = await self._release(tenant_id, session_id, run)
         return DeadRunner(lost, more=rest is not None and rest.has_work)
 
     async def _open(self, tenant_id: str, session_id: str,
@@ -301,7 +307,13 @@ class SessionWorker:
             announce(channel, message, sender=entry[1] or None)
             session_events.queued(channel, message.message_id)
 
-    async def _release(self, tenant_id: str, session_id: str, run: _Run) -> LeaseState | None:
+    async def _release_unsettled(self, tenant_id: str, session_id: str, run: _Run) -> None:
+        try:
+            await self._release(tenant_id, session_id, run, runner=False)
+        except Exception:  # the lease then expires under the mark: the same outcome, later
+            log.exception("the lease of a failed tenure was not released", extra={"session_id": session_id})
+
+    async def _release(self, tenant_id: str, session_id: str, run: _Run, *, runner: bool = True) -> LeaseState | None:
         if run.lost:
             return None
         state = run.state
@@ -312,4 +324,4 @@ class SessionWorker:
             await self.before_release(session_id)
         return await self.leases.release(tenant_id, session_id, self.owner, done=run.done,
                                          announced=run.announced, served=served, next_seq=run.next_seq,
-                                         runner=True)
+                                         runner=runner)
