@@ -15,7 +15,8 @@ expires, and stops the LLM stream when every subscriber has gone: the turn and i
 still stored, only the tokens nobody would see are saved.
 
 A worker that dies holding the lease (a crash, the function's timeout) leaves its turn unfinished
-and its runner mark on the lease record. The next worker to take the lease, once it has expired,
+and its runner mark on the lease record; so does one whose tenure raised (it releases the lease but
+keeps the mark: its turn is not settled). The next worker to take the lease, once it has expired,
 finds the mark (`LeaseState.dead_runner`) and fails that turn (`worker_lost`: the error triple,
 `turn_response`, the error message in the history), as `avm serve` does at start-up with the turns
 of a crash (hosting/recovery.py), and gives back the budget hold of the call it died in; the turns
