@@ -18,9 +18,10 @@ obs = observe("chat_turn")
 snapstart.install()  # restored environments must not share the snapshot's random state
 
 
-async def _run_turns(tenant_id: str, session_id: str) -> int:
+async def _run_turns(tenant_id: str, session_id: str, request_id: str | None) -> int:
     rt = await runtime().ready()
-    turns = await rt.run_session(tenant_id, session_id, role="chat_turn")
+    # the lease is held as chat_turn:<request id>: Lambda's failure record then names it (turn_failed)
+    turns = await rt.run_session(tenant_id, session_id, role="chat_turn", request_id=request_id)
     record_turns(obs.metric, turns)
     return len(turns)
 
@@ -34,4 +35,5 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
                   extra={"keys": sorted(event) if isinstance(event, dict) else None})
         obs.metric("InvalidPayloads", Count, 1)
         return {"ran": 0, "error": "invalid_payload"}
-    return {"ran": run(_run_turns(tenant_id, session_id))}
+    request_id = getattr(context, "aws_request_id", None)
+    return {"ran": run(_run_turns(tenant_id, session_id, request_id if isinstance(request_id, str) else None))}

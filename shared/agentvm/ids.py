@@ -66,3 +66,9 @@ def message_id() -> str:
 
 def resource_id() -> str:
     return _new("res")
+
+
+def lease_owner(role: str, request_id: str) -> str:
+    """A lease owner: the holder's role and its invocation's id (a Lambda request id names the
+    leases of that invocation, so its failure record names them too: hosting/turn_failure.py)."""
+    return f"{role}:{request_id}"

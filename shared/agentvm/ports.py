@@ -203,6 +203,14 @@ class SessionLeases(Protocol):
         so a marker found there (`LeaseState.dead_runner`) names a runner that died mid-turn."""
         ...
 
+    async def take_over(self, tenant_id: str, session_id: str, owner: str, dead_runner: str, ttl_ms: int,
+                        seq_block: int) -> LeaseState | None:
+        """Take the lease from a runner known to be dead (Lambda reported its invocation failed), even
+        before the lease expires, as `acquire(runner=True)` would after it: None unless the record
+        still carries `dead_runner`'s mark and nobody else holds the lease (a live runner is never
+        broken). The state's `dead_runner` names it."""
+        ...
+
     async def renew(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> LeaseState | None:
         """Extend the lease; None when it was lost."""
         ...

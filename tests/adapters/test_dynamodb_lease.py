@@ -145,3 +145,35 @@ async def test_a_clean_release_hands_the_next_seq_on(store: DynamoDBStore, lease
     # a re-entrant acquire by the same owner never goes back to a handed-over seq it already passed
     assert seqs(await leases.acquire("t1", "s1", "turn-E", 30_000, seq_block=100)) == (305, 500)
     assert seqs(await leases.acquire("t1", "s1", "turn-E", 30_000, seq_block=100)) == (501, 600)
+
+
+async def test_take_over_breaks_only_a_dead_runners_lease(store: DynamoDBStore, leases: DynamoDBLeases) -> None:
+    """`take_over`: the lease of a runner Lambda reported dead, at once (before it expires), only while
+    its mark is on the record and nobody else holds it; a live runner's lease is never taken."""
+    clock = store._clock
+    assert isinstance(clock, Clock)
+    assert seqs(await leases.acquire("t1", "s1", "chat_turn:r1", 60_000, 100, runner=True)) == (1, 100)
+    # another invocation's record (a runner that is alive): nothing happens
+    assert await leases.take_over("t1", "s1", "turn_failed:x", "chat_turn:r2", 60_000, 100) is None
+    assert await leases.renew("t1", "s1", "chat_turn:r1", 60_000) is not None  # r1 still holds it
+    # r1 died holding it (well within its 60 s): its record takes the lease over, seqs above r1's block
+    state = await leases.take_over("t1", "s1", "turn_failed:a", "chat_turn:r1", 60_000, 100)
+    assert state is not None and (state.dead_runner, seqs(state), state.held) == ("chat_turn:r1", (101, 200), True)
+    assert await leases.acquire("t1", "s1", "ws-B", 60_000, 0) is None  # the new holder's, not free
+    # a second report of the same death finds the lease held by its recoverer: nothing happens
+    assert await leases.take_over("t1", "s1", "turn_failed:b", "chat_turn:r1", 60_000, 100) is None
+    assert await leases.release("t1", "s1", "turn_failed:a", next_seq=101, runner=True) is not None
+    # after a clean release there is no mark to find: a late report changes nothing
+    assert await leases.take_over("t1", "s1", "turn_failed:c", "chat_turn:r1", 60_000, 100) is None
+    poll = await leases.poll("t1", "s1", consistent=True)
+    assert (poll.held, poll.dead_runner) == (False, "")
+
+    # a short-lived holder (ws_default after the dead lease expired) keeps the lease it holds
+    assert await leases.acquire("t1", "s1", "chat_turn:r3", 60_000, 10, runner=True) is not None
+    clock.now += 61
+    assert await leases.acquire("t1", "s1", "ws-C", 60_000, 16) is not None
+    assert await leases.take_over("t1", "s1", "turn_failed:d", "chat_turn:r3", 60_000, 100) is None
+    assert await leases.release("t1", "s1", "ws-C") is not None
+    # then, the lease free and the dead mark still there: taken over
+    state = await leases.take_over("t1", "s1", "turn_failed:d", "chat_turn:r3", 60_000, 100)
+    assert state is not None and state.dead_runner == "chat_turn:r3"

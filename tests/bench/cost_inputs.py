@@ -278,6 +278,9 @@ class Assumptions:
     heartbeat_s: Decimal = D(10)  # AVM_TURN_HOST_HEARTBEAT_S: one registry write (1 WRU) each
     idle_receives_per_hour: Decimal = D(180)  # a 20 s long poll that finds nothing (upper bound: counted always)
     alarms: int = 2  # the host tier's scale-out and scale-in alarms
+    guard_alarms: int = 8  # the template's guard-rail alarms in every stack, one metric each
+    detailed_alarms: bool = False  # template DetailedAlarms default
+    detailed_alarm_count: int = 13  # what DetailedAlarms=Enabled adds
     ecr_image_gb: Decimal = D("0.3")  # the worker/turn-host image, compressed
     model_families: int = 2  # model families in use (a dimension of the token metrics)
     # the WebSocket front: "api_gateway" (template default), "load_balancer" (an ALB in front of the turn
@@ -316,6 +319,9 @@ ASSUMPTION_WHY = {
     "ecr_image_gb": "the worker/turn-host image in ECR, compressed",
     "model_families": "the token metrics carry model_family: each family in use is a billed metric",
     "alarms": "the turn-host tier's two scaling alarms (template); they exist whatever the traffic",
+    "guard_alarms": "the template's guard-rail alarms (docs/cloud-design.md, Guard rails), whatever the traffic",
+    "detailed_alarms": "template DetailedAlarms (off): per-function errors and throttles, 13 alarms more",
+    "detailed_alarm_count": "the alarms DetailedAlarms=Enabled adds (template)",
     "function_memory_mb": "template FunctionMemorySize: ws_*, turn_sweep, history_archive",
     "ws_connect_ms": "$connect: key lookup + connection put",
     "ws_disconnect_ms": "$disconnect: connection read, subscriptions query, deletes",

@@ -324,6 +324,8 @@ class Model:
             Line("CloudWatch", "custom metrics (EMF, metric × dimension combinations)", self.metric_months(plan),
                  p.custom_metric_month),
             Line("CloudWatch", "alarms (turn-host scaling)", D(a.alarms) if a.host_tier else D(0), p.alarm_month),
+            Line("CloudWatch", "alarms (guard rails)",
+                 D(a.guard_alarms + (a.detailed_alarm_count if a.detailed_alarms else 0)), p.alarm_month),
             Line("Secrets Manager", "LLM key", D(a.secrets), p.secret_month),
             Line("ECR", "turn-host image storage", a.ecr_image_gb if a.host_tier else D(0), p.ecr_storage_gb_month),
         ]
@@ -420,6 +422,7 @@ class Model:
             "no turn-host tier (Lambda only)": (c, replace(a, host_tier=False, front="api_gateway")),
             "WebSocketFront=ApiGateway for every month": (c, replace(a, front="api_gateway")),
             "WebSocketFront=LoadBalancer for every month": (c, replace(a, front="load_balancer")),
+            "DetailedAlarms on (21 alarms, not 8)": (c, replace(a, detailed_alarms=True)),
         }
         return {name: {k: str(v.quantize(D("0.01"))) for k, v in Model(vc, va, self.p).totals().items()}
                 for name, (vc, va) in variants.items()}

@@ -15,6 +15,11 @@ URL; everything behind it is the cloud code path:
 * the Lambda Invoke API (`POST /2015-03-31/functions/{name}/invocations`) is served by the edge's
   own HTTP server: `ws_default` starts `chat_turn` with an asynchronous invoke, answered 202 at once
   and run in a warm environment;
+* an asynchronous invocation that fails (the handler raised, timed out, or its process died) goes to
+  the function's OnFailure destination (`destinations`, as template.yaml wires them: `chat_turn` →
+  `turn_failed`), invoked asynchronously with the invocation record Lambda sends
+  (`requestContext.condition`, `requestPayload`, `responseContext`, `responsePayload`); the failure
+  is still recorded in `errors`;
 * handlers run in warm execution environments, one thread each, one invocation at a time; a
   function named in `processes` runs in child processes instead, set up as Lambda sets one up (its
   folder first on `sys.path`, only the environment variables given), so that its memory and CPU
@@ -86,7 +91,10 @@ DEFAULT_ROUTES: Final[Mapping[str, Path]] = {
 #: Lambda function name (without alias or ARN) → handler module, for the Invoke API.
 DEFAULT_FUNCTIONS: Final[Mapping[str, Path]] = {
     "agentvm-chat-turn": FUNCTIONS / "chat_turn" / "handler.py",
+    "agentvm-turn-failed": FUNCTIONS / "turn_failed" / "handler.py",
 }
+#: Function label → the function name of its OnFailure destination (async invokes), as template.yaml wires them.
+DEFAULT_DESTINATIONS: Final[Mapping[str, str]] = {"chat_turn": "agentvm-turn-failed"}
 #: Function timeouts of template.yaml (seconds); anything else gets the global 10 s.
 TIMEOUTS: Final[Mapping[str, float]] = {"ws_default": 28, "chat_turn": 900}
 #: API Gateway gives up on a route integration after 29 s.
@@ -533,12 +541,19 @@ class CloudEdge:
                  routes: Mapping[str, Path] | None = None, functions: Mapping[str, Path] | None = None,
                  environments: int = 8, stage: str = "prod", region: str = REGION,
                  account_id: str = DEFAULT_ACCOUNT_ID, path: str = "/ws",
-                 drain_timeout_s: int = 20, processes: Mapping[str, Mapping[str, str]] | None = None) -> None:
+                 drain_timeout_s: int = 20, processes: Mapping[str, Mapping[str, str]] | None = None,
+                 destinations: Mapping[str, str] | None = None) -> None:
         self.moto_endpoint = moto_endpoint.rstrip("/")
         self.token = token
         self.table_name = table_name
         self.routes = dict(DEFAULT_ROUTES if routes is None else routes)
         self.functions = dict(DEFAULT_FUNCTIONS if functions is None else functions)
+        #: function label → OnFailure destination (a name in `functions`; others are not delivered)
+        self.destinations = {label: name for label, name in
+                             (DEFAULT_DESTINATIONS if destinations is None else destinations).items()
+                             if name in self.functions}
+        #: the invocation records sent to OnFailure destinations, in order
+        self.failure_records: list[dict[str, Any]] = []
         self.stage = stage
         self.region = region
         self.account_id = account_id
@@ -802,12 +817,12 @@ class CloudEdge:
             task.add_done_callback(self._route_tasks.discard)
         return task
 
-    async def _invoke(self, path: Path, event: Any) -> tuple[bool, Any]:
+    async def _invoke(self, path: Path, event: Any, context: LambdaContext | None = None) -> tuple[bool, Any]:
         """Run a handler in a warm environment. (True, result) or (False, traceback)."""
         label = function_label(path)
         self.invocations.append((label, event))
         timeout = TIMEOUTS.get(label, 10.0)
-        context = LambdaContext(f"agentvm-{label.replace('_', '-')}", timeout)
+        context = context or LambdaContext(f"agentvm-{label.replace('_', '-')}", timeout)
         started = time.monotonic()
         try:
             envs = self.processes.get(label, self.environments)
@@ -1039,7 +1054,7 @@ class CloudEdge:
         if kind == "DryRun":
             return Response(status_code=204)
         if kind == "Event":
-            self._spawn(self._invoke(path, payload))
+            self._spawn(self._invoke_async(name, path, payload))
             return Response(status_code=202)
         ok, result = await self._spawn(self._invoke(path, payload))
         headers = {"X-Amz-Executed-Version": "$LATEST"}
@@ -1048,6 +1063,46 @@ class CloudEdge:
             return JSONResponse({"errorMessage": str(result).strip().splitlines()[-1],
                                  "errorType": "Exception", "stackTrace": []}, 200, headers)
         return Response(json.dumps(result).encode(), 200, headers, media_type="application/json")
+
+
+    async def _invoke_async(self, name: str, path: Path, payload: Any) -> None:
+        """An `Event` invocation; on failure (no retry: the template's MaximumRetryAttempts 0) the
+        function's OnFailure destination gets Lambda's invocation record."""
+        label = function_label(path)
+        context = LambdaContext(f"agentvm-{label.replace('_', '-')}", TIMEOUTS.get(label, 10.0))
+        ok, result = await self._invoke(path, payload, context)
+        destination = self.destinations.get(label)
+        if ok or destination is None:
+            return
+        record = self.failure_record(name, payload, context.aws_request_id, str(result))
+        self.failure_records.append(record)
+        await self._invoke_async(destination, self.functions[destination], record)
+
+    def failure_record(self, name: str, payload: Any, request_id: str, error: str) -> dict[str, Any]:
+        """What Lambda sends an OnFailure destination for a failed asynchronous invocation."""
+        arn = name if name.startswith("arn:") else f"arn:aws:lambda:{self.region}:{self.account_id}:function:{name}"
+        error_type, message = _function_error(error, request_id)
+        return {
+            "version": "1.0",
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
+            "requestContext": {"requestId": request_id, "functionArn": arn, "condition": "RetriesExhausted",
+                               "approximateInvokeCount": 1},
+            "requestPayload": payload,
+            "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
+            "responsePayload": {"errorType": error_type, "errorMessage": message},
+        }
+
+
+def _function_error(error: str, request_id: str) -> tuple[str, str]:
+    """Lambda's errorType and errorMessage for a failure as `_invoke` reports it (a traceback, a
+    timeout, or the environment's process that died)."""
+    if error.startswith("Task timed out"):
+        return "Sandbox.Timedout", f"RequestId: {request_id} Error: {error.split(' (')[0]}"
+    if "environment process exited" in error:
+        return "Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error: signal: killed"
+    last = error.strip().splitlines()[-1] if error.strip() else "Exception"
+    error_type, _, message = last.partition(": ")
+    return error_type.rsplit(".", 1)[-1], message
 
 
 def _lambda_error(status: int, error_type: str, message: str) -> Response:

@@ -95,6 +95,7 @@ class ProcessEnvironments:
         self.started = 0
         self._lock = threading.Lock()
         self._idle: list[_Child] = []
+        self._running: set[_Child] = set()
         self._children: list[_Child] = []
         self._busy = 0
         self._closed = False
@@ -116,6 +117,8 @@ class ProcessEnvironments:
         except BaseException as exc:
             fut.set_exception(exc)
             return
+        with self._lock:
+            self._running.add(child)
         try:
             result = child.invoke(event, context)
         except BaseException as exc:
@@ -144,8 +147,18 @@ class ProcessEnvironments:
             self._children.append(child)
         return child
 
+    def kill_running(self) -> int:
+        """SIGKILL every environment in the middle of an invocation (a crash, the OOM killer): the
+        invocation fails as Lambda's does when its runtime exits. Returns how many were killed."""
+        with self._lock:
+            running = list(self._running)
+        for child in running:
+            child.proc.kill()
+        return len(running)
+
     def _give_back(self, child: _Child) -> None:
         with self._lock:
+            self._running.discard(child)
             self._busy -= 1
             if child.proc.poll() is None:
                 self._idle.append(child)

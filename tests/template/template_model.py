@@ -29,6 +29,7 @@ FUNCTIONS: dict[str, str] = {
     "UsageExportFunction": "usage_export",
     "TurnSweepFunction": "turn_sweep",
     "HistoryArchiveFunction": "history_archive",
+    "TurnFailedFunction": "turn_failed",
 }
 #: Functions that run turns (and wait on the LLM): up to 15 minutes.
 TURN_RUNNERS = ("ChatTurnFunction", "ChatStreamFunction")
@@ -36,8 +37,9 @@ TURN_RUNNERS = ("ChatTurnFunction", "ChatStreamFunction")
 SCHEDULED = ("UsageExportFunction", "TurnSweepFunction")
 #: Fed by the table's stream (batches of up to 1000 TTL removals): minutes at most.
 STREAM_CONSUMERS = ("HistoryArchiveFunction",)
-#: The functions that start chat_turn: ws_default for a new message, the sweep for a queue nobody runs.
-CHAT_TURN_STARTERS = {"WsDefaultFunction", "TurnSweepFunction"}
+#: The functions that start chat_turn: ws_default for a new message, the sweep for a queue nobody runs,
+#: turn_failed for the turns queued behind one whose chat_turn died.
+CHAT_TURN_STARTERS = {"WsDefaultFunction", "TurnSweepFunction", "TurnFailedFunction"}
 #: The functions that dispatch turns (the tiered dispatcher: a turn host when one accepts, else chat_turn).
 #: chat_stream runs its turns in its own invocation (stream_app.InlineDispatcher): it dispatches none.
 TURN_DISPATCHERS = CHAT_TURN_STARTERS

@@ -262,8 +262,9 @@ def test_no_vpc_nat_or_always_on_capacity() -> None:
     assert services["TurnHostService"]["Properties"]["DesiredCount"] == 0
     targets = _resources("AWS::ApplicationAutoScaling::ScalableTarget")
     assert [t["Properties"]["MinCapacity"] for t in targets.values()] == [0]
+    # (ReservedConcurrentExecutions is free: tests/template/test_guard_rails.py)
     forbidden = {"ProvisionedConcurrencyConfig", "ProvisionedConcurrentExecutions", "ProvisionedThroughput",
-                 "ReservedConcurrentExecutions", "VpcConfig"}
+                 "VpcConfig"}
     assert not [key for key, _ in _walk(_template()) if key in forbidden]
     expensive = {"AWS::ElasticLoadBalancingV2::LoadBalancer", "AWS::RDS::DBInstance", "AWS::RDS::DBCluster",
                  "AWS::ElastiCache::CacheCluster", "AWS::KMS::Key", "AWS::ApiGateway::RestApi"}
@@ -289,7 +290,7 @@ def test_chat_turn_is_published_with_snapstart_and_not_retried() -> None:
     assert chat["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
     # SnapStart bills the cache of every kept version: a replaced one is deleted at the next deploy
     assert chat["VersionDeletionPolicy"] == "Delete"
-    assert "Events" not in chat, "chat_turn is only invoked asynchronously (by ws_default and turn_sweep)"
+    assert "Events" not in chat, "chat_turn is only invoked asynchronously (by ws_default, turn_sweep, turn_failed)"
 
 
 def test_environment_of_every_function() -> None:
@@ -441,7 +442,7 @@ def test_policies_are_least_privilege(name: str) -> None:
 def test_manage_connections_is_scoped_to_this_websocket_api() -> None:
     callers = {name for name in FUNCTIONS if _allowed(name, "execute-api:ManageConnections")}
     # ws_connect cannot post (API Gateway refuses before $connect returns); the HTTP API never pushes.
-    assert callers == {"WsDefaultFunction", "ChatTurnFunction", "ChatStreamFunction"}
+    assert callers == {"WsDefaultFunction", "ChatTurnFunction", "ChatStreamFunction", "TurnFailedFunction"}
     pattern = re.escape(WS_API_ARN_PREFIX) + r"(\$\{WebSocketStageName\}|\*)/(POST|GET|DELETE)/@connections/\*"
     for name in callers:
         for statement in _allowed(name, "execute-api:ManageConnections"):
@@ -449,7 +450,7 @@ def test_manage_connections_is_scoped_to_this_websocket_api() -> None:
                 assert re.fullmatch(pattern, _text(resource)), f"{name}: {_text(resource)}"
 
 
-def test_only_ws_default_and_the_sweep_may_invoke_chat_turn() -> None:
+def test_only_ws_default_the_sweep_and_turn_failed_may_invoke_chat_turn() -> None:
     invokers = {name for name in FUNCTIONS if _allowed(name, "lambda:InvokeFunction")}
     assert invokers == CHAT_TURN_STARTERS
     for name in invokers:

@@ -270,8 +270,10 @@ def test_the_turn_hosts_scale_out_on_spilled_turns_and_in_to_zero_when_idle() ->
     # the metric and dimensions the hosts publish (turnhost/__main__.py)
     from agentvm.turnhost.__main__ import RUNNING_METRIC
     assert idle["MetricName"] == RUNNING_METRIC
-    # the only alarms of the stack (0.10 USD a month each, the tier's whole idle cost)
-    assert set(_resources("AWS::CloudWatch::Alarm")) == {"TurnHostDemandAlarm", "TurnHostIdleAlarm"}
+    # the tier's only alarms (0.10 USD a month each, the tier's whole idle cost); the guard rails' exist
+    # whatever the tiers (test_guard_rails.py)
+    assert {name for name, alarm in _resources("AWS::CloudWatch::Alarm").items()
+            if alarm.get("Condition") == "HasTurnHostTier"} == {"TurnHostDemandAlarm", "TurnHostIdleAlarm"}
 
 
 # ------------------------------------------------------------------------------------------ translated by SAM
@@ -304,7 +306,8 @@ def test_the_archive_is_written_by_the_archiver_read_by_history_readers_and_dele
 
     assert holders("s3:PutObject") == {"HistoryArchiveFunction"}
     # every function that reads a session's messages or turns (the turn host too, below)
-    assert holders("s3:GetObject") == {"WsDefaultFunction", "ChatTurnFunction", "ChatStreamFunction", "HttpApiFunction"}
+    assert holders("s3:GetObject") == {"WsDefaultFunction", "ChatTurnFunction", "ChatStreamFunction", "HttpApiFunction",
+                                       "TurnFailedFunction"}
     # where sessions and images are deleted: the AgentX commands and the HTTP app (on both functions)
     assert holders("s3:DeleteObject") == {"WsDefaultFunction", "ChatStreamFunction", "HttpApiFunction"}
     for name in holders("s3:GetObject"):  # S3 answers 404, not 403, for an object not archived yet

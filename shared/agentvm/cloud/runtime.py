@@ -37,6 +37,7 @@ from agentvm.config import Settings
 from agentvm.domain.models import LoggedEvent, Turn
 from agentvm.engine.history_cache import HistoryCache
 from agentvm.errors import InvalidRequest
+from agentvm.ids import lease_owner
 from agentvm.ports import Dispatcher, Driver
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
     from agentvm.hosting.runtime_ports import RuntimePorts
-    from agentvm.hosting.session_worker import SessionWorker
+    from agentvm.hosting.session_worker import DeadRunner, SessionWorker
     from agentvm.services.billing import BillingService
     from agentvm.services.config import ConfigService
     from agentvm.services.metering import Meter
@@ -263,9 +264,11 @@ class CloudRuntime:
                              tier=tier)
 
     def invocation(self, tenant_id: str, *, role: str, driver: Driver | None = None,
-                   workspaces: Path | None = None) -> Invocation:
+                   workspaces: Path | None = None, request_id: str | None = None) -> Invocation:
         """`workspaces`: the container task's base directory of workspaces (the worker runs turns in
-        the container tier); otherwise turns run in the function tier and escalate to `container_tier`."""
+        the container tier); otherwise turns run in the function tier and escalate to `container_tier`.
+        `request_id`: the Lambda request id, which names the invocation's leases (its failure record
+        names them too: hosting/turn_failure.py); else a random id."""
         # imported here: $connect and $disconnect never load the engine (ws_default and chat_turn
         # load it at init through their own imports)
         from agentvm.adapters.aws.cloud_fanout import CloudFanout
@@ -279,7 +282,7 @@ class CloudRuntime:
         async def head(session_id: str) -> int:
             return await store.last_seq(tenant_id, session_id)
 
-        owner = f"{role}:{uuid.uuid4().hex}"
+        owner = lease_owner(role, request_id or uuid.uuid4().hex)
         fanout = CloudFanout(gateway=self.gateway, registry=self.registry, tenant_id=tenant_id, replay_source=replay,
                              head_source=head)
         if workspaces is not None:
@@ -367,12 +370,23 @@ class CloudRuntime:
         return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner,
                              lease_ms=self.settings.session_lease_s * 1000)
 
-    async def run_session(self, tenant_id: str, session_id: str, *, role: str) -> list[Turn]:
+    async def run_session(self, tenant_id: str, session_id: str, *, role: str,
+                          request_id: str | None = None) -> list[Turn]:
         """Run a session's queued turns under its lease, as one `chat_turn` invocation does (and a
         turn host per request): a fresh fan-out for the run, closed afterwards."""
-        inv = self.invocation(tenant_id, role=role, driver=await self.driver())
+        inv = self.invocation(tenant_id, role=role, driver=await self.driver(), request_id=request_id)
         try:
             return await self.worker(inv).run(tenant_id, session_id)
+        finally:
+            await inv.fanout.close()
+
+    async def fail_dead_runner(self, tenant_id: str, session_id: str, dead_runner: str) -> DeadRunner | None:
+        """`turn_failed`: take the lease of a runner Lambda reported dead and fail its turn
+        (`SessionWorker.fail_dead_runner`); no LLM driver, the meter for the budget hold."""
+        inv = self.invocation(tenant_id, role="turn_failed")
+        inv.deps.meter = self.meter
+        try:
+            return await self.worker(inv).fail_dead_runner(tenant_id, session_id, dead_runner)
         finally:
             await inv.fanout.close()
 

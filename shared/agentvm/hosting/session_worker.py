@@ -15,7 +15,8 @@ expires, and stops the LLM stream when every subscriber has gone: the turn and i
 still stored, only the tokens nobody would see are saved.
 
 A worker that dies holding the lease (a crash, the function's timeout) leaves its turn unfinished
-and its runner mark on the lease record. The next worker to take the lease, once it has expired,
+and its runner mark on the lease record; so does one whose tenure raised (it releases the lease but
+keeps the mark: its turn is not settled). The next worker to take the lease, once it has expired,
 finds the mark (`LeaseState.dead_runner`) and fails that turn (`worker_lost`: the error triple,
 `turn_response`, the error message in the history), as `avm serve` does at start-up with the turns
 of a crash (hosting/recovery.py), and gives back the budget hold of the call it died in; the turns
@@ -31,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from agentvm.domain.models import Checkpoint, Image, LeaseState, Turn, TurnStatus
+from agentvm.domain.models import Agent, Checkpoint, Image, LeaseState, Turn, TurnStatus
 from agentvm.engine.channel import SEQ_BLOCK, SessionChannel
 from agentvm.engine.history import SessionHistory
 from agentvm.errors import WorkerLost
@@ -59,6 +60,15 @@ class _Run:
     lost: bool = False
     handed_off: bool = False  # a turn went on in the container tier: its task takes the session on
     next_seq: int | None = None  # the first seq not used (the next holder continues there)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRunner:
+    """What `fail_dead_runner` did: the turn it failed (None: the runner died between turns) and
+    whether turns are left for a new runner."""
+
+    lost: Turn | None
+    more: bool
 
 
 class SessionWorker:
@@ -93,30 +103,71 @@ class SessionWorker:
             run = _Run(state, interrupts=state.interrupts)
             try:
                 ran += await self._tenure(tenant_id, session_id, run)
-            finally:
-                rest = await self._release(tenant_id, session_id, run)
+            except BaseException:
+                # The turn it was running is not settled: the release keeps the runner mark, so the next
+                # holder fails that turn as a dead runner's (turn_failed at once, for a chat_turn that raised).
+                await self._release_unsettled(tenant_id, session_id, run)
+                raise
+            rest = await self._release(tenant_id, session_id, run)
             if rest is None or not rest.has_work or run.handed_off:
                 return ran
 
-    async def _tenure(self, tenant_id: str, session_id: str, run: _Run) -> list[Turn]:
+    async def fail_dead_runner(self, tenant_id: str, session_id: str, dead_runner: str) -> DeadRunner | None:
+        """Lambda reported that the invocation `dead_runner` failed (crashed, ran out of memory or
+        time): take its lease at once (not after it expires), fail the turn it was running as the
+        next runner would (`worker_lost`, the budget hold given back) and release, leaving the turns
+        queued behind it to a new runner (`DeadRunner.more`). None when the lease is no longer that
+        invocation's (it released, or another runner recovered it): nothing to do."""
+        state = await self.leases.take_over(tenant_id, session_id, self.owner, dead_runner, self.lease_ms, SEQ_BLOCK)
+        if state is None:
+            return None
+        run = _Run(state, interrupts=state.interrupts)
+        lost: Turn | None = None
+        try:
+            opened = await self._open(tenant_id, session_id, run)
+            if opened is not None:
+                turns, channel, _image, _agent = opened
+                lost = await self._recover(channel, turns, run)
+                leftover = channel.take_pending()
+                if leftover:
+                    await self.deps.store.commit(Checkpoint(tenant_id, session_id, events=leftover))
+                run.next_seq = channel.next_seq
+        except BaseException:
+            await self._release_unsettled(tenant_id, session_id, run)  # the next holder recovers it
+            raise
+        rest = await self._release(tenant_id, session_id, run)
+        return DeadRunner(lost, more=rest is not None and rest.has_work)
+
+    async def _open(self, tenant_id: str, session_id: str,
+                    run: _Run) -> tuple[list[Turn], SessionChannel, Image, Agent | None] | None:
+        """The queued turns and the session's channel for a tenure, or None when there is nothing
+        to run or announce."""
         store, state = self.deps.store, run.state
         if state.pending_subs:
             self.fanout.serve_pending(session_id)
         turns = await self.leases.get_turns(tenant_id, session_id, state.queued)
         run.done |= state.queued - {t.turn_id for t in turns}  # unknown ids: nothing to run
         if not turns and not state.announce:
-            return []
+            return None
         session = await store.get_session(tenant_id, session_id)
         image = await store.get_image(tenant_id, session.image_id) if session is not None else None
         if image is None:  # deleted meanwhile: nothing left to run or announce
             run.done |= state.queued
             run.announced |= state.announce
-            return []
+            return None
         image = image.for_session(session_id)  # the image as this one of its sessions runs it
         agent = await store.get_agent_for_image(tenant_id, image.image_id)
         channel = SessionChannel(store=store, fanout=self.fanout, tenant_id=tenant_id, session_id=session_id,
                                  context=session_context(image, agent.agent_id if agent else None),
                                  first_seq=state.first_seq, reserved_until=state.last_seq)
+        return turns, channel, image, agent
+
+    async def _tenure(self, tenant_id: str, session_id: str, run: _Run) -> list[Turn]:
+        store, state = self.deps.store, run.state
+        opened = await self._open(tenant_id, session_id, run)
+        if opened is None:
+            return []
+        turns, channel, image, agent = opened
         ran: list[Turn] = []
         if state.dead_runner:
             lost = await self._recover(channel, turns, run)
@@ -257,7 +308,13 @@ class SessionWorker:
             announce(channel, message, sender=entry[1] or None)
             session_events.queued(channel, message.message_id)
 
-    async def _release(self, tenant_id: str, session_id: str, run: _Run) -> LeaseState | None:
+    async def _release_unsettled(self, tenant_id: str, session_id: str, run: _Run) -> None:
+        try:
+            await self._release(tenant_id, session_id, run, runner=False)
+        except Exception:  # the lease then expires under the mark: the same outcome, later
+            log.exception("the lease of a failed tenure was not released", extra={"session_id": session_id})
+
+    async def _release(self, tenant_id: str, session_id: str, run: _Run, *, runner: bool = True) -> LeaseState | None:
         if run.lost:
             return None
         state = run.state
@@ -268,4 +325,4 @@ class SessionWorker:
             await self.before_release(session_id)
         return await self.leases.release(tenant_id, session_id, self.owner, done=run.done,
                                          announced=run.announced, served=served, next_seq=run.next_seq,
-                                         runner=True)
+                                         runner=runner)

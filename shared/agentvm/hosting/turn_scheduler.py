@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import AsyncGenerator
 
 from agentvm.domain.models import Checkpoint, Image, Turn, TurnStatus
+from agentvm.drivers.base import DriverEvent, LLMRequest
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.history import SessionHistory
 from agentvm.engine.runner import EngineOptions, TurnRunner
@@ -22,9 +24,18 @@ from agentvm.engine.tools import ContainerOnly
 from agentvm.errors import AgentVMError, ContainerUnavailable
 from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import now_ms
-from agentvm.ports import ToolRunner
+from agentvm.ports import Driver, ToolRunner
 
 log = logging.getLogger(__name__)
+
+
+class _NoCalls:
+    """The driver of a runner that only ends a turn (`abandon`): it never calls the model."""
+
+    name = "none"
+
+    def stream(self, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]:
+        raise RuntimeError("this runner ends a turn: it calls no model")
 
 
 class ScheduledTurn:
@@ -49,11 +60,11 @@ class ScheduledTurn:
         if self.runner is not None:
             self.runner.interrupt()
 
-    def _new_runner(self, tools: ToolRunner, tier: str) -> TurnRunner:
+    def _new_runner(self, tools: ToolRunner, tier: str, *, driver: Driver | None = None) -> TurnRunner:
         d = self.deps
         base = self.options or d.options
         options = base if base.tier == tier else dataclasses.replace(base, tier=tier)
-        runner = TurnRunner(store=d.store, driver=d.llm(), channel=self.channel, tools=tools, options=options,
+        runner = TurnRunner(store=d.store, driver=driver or d.llm(), channel=self.channel, tools=tools, options=options,
                             history=self.history, meter=d.meter, observer=d.turn_observer)
         if self._interrupted:
             runner.interrupt()
@@ -91,7 +102,9 @@ class ScheduledTurn:
     async def abandon(self, turn: Turn, exc: AgentVMError) -> Turn:
         """End a turn that cannot go on: the error triple, `turn_response`, and the turn stored
         failed with the usage it had (its container tier did not start; its runner died)."""
-        return await self._new_runner(ContainerOnly(exc.message), "function").abandon(turn, exc)
+        # no LLM call is made: a runtime without a driver (the failed-turn handler) can abandon too
+        driver = self.deps.driver or _NoCalls()
+        return await self._new_runner(ContainerOnly(exc.message), "function", driver=driver).abandon(turn, exc)
 
     async def _escalate(self, turn: Turn, image: Image) -> Turn:
         tier = self.deps.container_tier

@@ -67,6 +67,22 @@ class DynamoDBLeases:
         # died) the new block starts above everything reserved: that holder may have used any of it.
         # A runner marks itself in the same write (`runner`), and only its own release removes the
         # mark: one found here was left by a runner that died holding the lease (no extra request).
+        return await self._take(tenant_id, session_id, owner, ttl_ms, seq_block, runner=runner,
+                                condition="attribute_not_exists(lease_until) OR lease_until < :now "
+                                          "OR lease_owner = :o", values={})
+
+    async def take_over(self, tenant_id: str, session_id: str, owner: str, dead_runner: str, ttl_ms: int,
+                        seq_block: int) -> LeaseState | None:
+        # Only while the dead runner's mark is on the record and no one else holds the lease: a live
+        # runner has its own mark, and a short-lived holder (ws_default after the lease expired) hands
+        # the queue on at its release.
+        return await self._take(tenant_id, session_id, owner, ttl_ms, seq_block, runner=True,
+                                condition="runner = :dead AND (lease_owner = :dead OR "
+                                          "attribute_not_exists(lease_until) OR lease_until < :now)",
+                                values={":dead": _s(dead_runner)})
+
+    async def _take(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int, seq_block: int, *,
+                    runner: bool, condition: str, values: Item) -> LeaseState | None:
         now = self._now_ms()
         evlog = _evlog_keys(tenant_id, session_id)
         mark = ", runner = :o" if runner else ""
@@ -75,9 +91,8 @@ class DynamoDBLeases:
             f"SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk{mark} ADD seq_reserved :b "
             "REMOVE resume_seq",
             {":o": _s(owner), ":u": _n(now + ttl_ms), ":now": _n(now), ":b": _n(seq_block),
-             ":spk": evlog["SPK"], ":ssk": evlog["SSK"]},
-            "attribute_exists(PK) AND (attribute_not_exists(lease_until) OR lease_until < :now "
-            "OR lease_owner = :o)", returns="ALL_OLD")
+             ":spk": evlog["SPK"], ":ssk": evlog["SSK"], **values},
+            f"attribute_exists(PK) AND ({condition})", returns="ALL_OLD")
         if old is None:
             return None
         before = int(old["seq_reserved"]["N"]) if "seq_reserved" in old else 0
