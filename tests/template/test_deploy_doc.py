@@ -53,12 +53,12 @@ def test_every_parameter_has_a_row_with_the_templates_default() -> None:
 def test_the_check_finds_a_missing_row_a_wrong_default_and_a_stale_row() -> None:
     text = GUIDE.read_text(encoding="utf-8")
     parameters = dict(_template()["Parameters"])
-    parameters["AlarmTopicArn"] = {"Type": "String", "Default": ""}
+    parameters["NotATemplateParameter"] = {"Type": "String", "Default": ""}
     parameters["LogLevel"] = {**parameters["LogLevel"], "Default": "DEBUG"}
     del parameters["HttpThrottleBurst"]
     assert problems(text, parameters) == [
         "LogLevel: the guide says the default is `INFO`, the template `DEBUG`",
-        "AlarmTopicArn: no row in the parameters table of docs/deploy.md",
+        "NotATemplateParameter: no row in the parameters table of docs/deploy.md",
         "HttpThrottleBurst: a row for a parameter the template does not have",
     ]
 
