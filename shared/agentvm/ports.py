@@ -239,6 +239,11 @@ class SessionLeases(Protocol):
         nobody holds the lease (nothing runs)."""
         ...
 
+    async def bump_definitions(self, tenant_id: str, session_id: str) -> None:
+        """The session's agent changed (it was destroyed): runners must read the image and agent
+        again instead of using what they cached (`LeaseState.definitions`)."""
+        ...
+
     async def ack_interrupt(self, tenant_id: str, session_id: str, owner: str, count: int) -> None:
         """The holder acted on the interrupt requests up to `count` (its `interrupted` is posted)."""
         ...

@@ -106,9 +106,11 @@ class LeasedSessions:
         log.warning("interrupt not acknowledged in time", extra={"session_id": sid})
 
     async def stop(self, image: Image, agent_id: str, *, reason: str) -> None:
-        """The agent record is already deleted, so `chat_turn` runs no further turn of this image.
-        Interrupt the running one, then take the lease to drop the queue and announce the end."""
+        """The agent record is already deleted, so `chat_turn` runs no further turn of this image
+        (runners' cached definitions of the session expire here: `bump_definitions`). Interrupt the
+        running one, then take the lease to drop the queue and announce the end."""
         t, sid = image.tenant_id, image.session_id
+        await self.leases.bump_definitions(t, sid)
         await self.leases.request_interrupt(t, sid)
         state = await self._acquire_within(t, sid, STOP_WAIT_S)
         if state is None:
