@@ -189,6 +189,11 @@ class Store(ContainerRepository, ImageRepository, AgentRepository, SessionLog, T
     async def open(self) -> None: ...
     async def close(self) -> None: ...
 
+    async def get_image_and_agent(self, tenant_id: str, image_id: str) -> tuple[Image | None, Agent | None]:
+        """`get_image` and `get_agent_for_image` in one read where the database can (DynamoDB: one
+        Query of the image's partition, one read unit for both); the agent is None without the image."""
+        ...
+
 
 class SessionLeases(Protocol):
     """Cloud only: one publisher per session at a time (seqs must reach clients in order), and the

@@ -178,19 +178,17 @@ class SessionWorker:
 
     async def _definitions(self, tenant_id: str, session_id: str, image_id: str,
                            definitions: int) -> tuple[Image, Agent | None] | None:
-        """The session's image and agent: cached (definition_cache.py) or read (consistent reads);
-        None when the image is gone."""
+        """The session's image and agent: cached (definition_cache.py) or read (one consistent read
+        of both); None when the image is gone."""
         cache = self.definitions
         cached = cache.get(tenant_id, session_id, image_id, definitions) if cache is not None else None
         if cached is not None:
             return cached
-        store = self.deps.store
-        image = await store.get_image(tenant_id, image_id)
+        image, agent = await self.deps.store.get_image_and_agent(tenant_id, image_id)
         if image is None:
             if cache is not None:
                 cache.forget(tenant_id, session_id)
             return None
-        agent = await store.get_agent_for_image(tenant_id, image_id)
         if cache is not None:
             cache.put(tenant_id, session_id, definitions, image, agent)
         return image, agent
