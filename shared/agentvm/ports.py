@@ -423,8 +423,10 @@ class LeasedFanout(Fanout, Protocol):
         in flight)."""
         ...
 
-    def serve_pending(self, session_id: str) -> None:
-        """Re-read the session's subscribers and serve the replays they are owed."""
+    def serve_pending(self, session_id: str, *, consistent: bool = True) -> None:
+        """Re-read the session's subscribers and serve the replays they are owed. `consistent=False`:
+        no replay is known to be owed (one recorded after the read is served by the next lease
+        holder), so an eventually consistent read (half the price) will do."""
         ...
 
     def owe_replay(self, connection_id: str, session_id: str, container_id: str, after_seq: int) -> None:

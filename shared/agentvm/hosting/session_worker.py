@@ -296,7 +296,11 @@ class SessionWorker:
         if run.lost:
             return None
         state = run.state
-        self.fanout.serve_pending(session_id)
+        # a last look for subscribers that came late; consistent only when a replay is known to be
+        # owed (one recorded after this read stays on the record: the release returns it, and the
+        # next tenure serves it)
+        self.fanout.serve_pending(session_id,
+                                  consistent=bool(state.pending_subs - self.fanout.served.get(session_id, set())))
         await self.fanout.drain()
         served = state.pending_subs | self.fanout.served.get(session_id, set())
         if self.before_release is not None:

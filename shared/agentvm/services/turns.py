@@ -49,8 +49,8 @@ class TurnService:
             raise SecretsMissing(missing_secrets_message(found), field="imageId")
         if connection_id is not None:
             self.deps.fanout.attach(connection_id, image.session_id, image.container_id)
-        if agent is None:
-            agent, _ = await self.agents.ensure(p, image)
+        if agent is None:  # the image has none (`_target` read it): activate one
+            agent, _ = await self.agents.ensure(p, image, read=False)
         turn = await self.sessions.send(p, connection_id, image, agent.agent_id, content, options)
         return image, agent, turn
 
