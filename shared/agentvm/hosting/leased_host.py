@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 LEASE_TTL_MS = 60_000
 ANNOUNCE_SEQ_BLOCK = 16  # a message announcement publishes 2 events; the rest of the block is skipped
 STOP_WAIT_S = 5.0
-INTERRUPT_WAIT_S = 3.0  # the holder acts within one poll (0.25 s)
+INTERRUPT_WAIT_S = 3.0  # the holder acts within one poll: at most 2 s (session_worker.INTERRUPT_BOUND_S)
 INTERRUPT_POLL_S = 0.05
 
 
