@@ -31,17 +31,19 @@ async def _connect(event: dict[str, Any]) -> dict[str, Any]:
     if token is None:  # the first frame authenticates it, within AVM_AUTH_TIMEOUT_S
         await rt.registry.put_connection(ConnectionRecord(connection_id, "", None, now_ms(), authenticated=False,
                                                           batch=batch))
-        obs.metric("ConnectionsAccepted", Count, 1, auth="frame")
+        log.info("websocket accepted", extra={"auth": "frame"})
+        obs.metric("ConnectionsAccepted", Count, 1)
         return {"statusCode": 200}
     try:
         principal = await rt.authenticator.authenticate(token)
     except Unauthorized as exc:
-        log.info("websocket refused", extra={"reason": exc.message})
-        obs.metric("ConnectionsRefused", Count, 1, reason="invalid_key")
+        log.info("websocket refused", extra={"reason": "invalid_key", "detail": exc.message})
+        obs.metric("ConnectionsRefused", Count, 1)
         return {"statusCode": 401, "body": exc.message}
     await rt.registry.put_connection(ConnectionRecord(connection_id, principal.tenant_id, principal.key_id,
                                                       now_ms(), batch=batch))
-    obs.metric("ConnectionsAccepted", Count, 1, auth="key")
+    log.info("websocket accepted", extra={"auth": "key"})
+    obs.metric("ConnectionsAccepted", Count, 1)
     return {"statusCode": 200}
 
 

@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     history_cache_mb: int = Field(32, ge=0, le=4096, description=(
         "Session histories a cloud runner (chat_turn's environment, a turn host) keeps between turns, "
         "in MB: a turn then reads only the messages stored since. 0 reads every history in full."))
+    definition_cache_s: int = Field(60, ge=0, le=3600, description=(
+        "Cloud runners keep a session's image and agent between its turns for at most this many "
+        "seconds (an image's name or description edit reaches turns after at most this long; a "
+        "destroyed agent or deleted image is seen at once). 0 reads them for every turn."))
     max_frame_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024,
                                  description="Largest accepted client frame.")
     send_queue_max: int = Field(10_000, ge=16, le=1_000_000, description=(

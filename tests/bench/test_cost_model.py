@@ -160,14 +160,15 @@ def test_the_idle_month_is_the_deployment_alone() -> None:
     }
 
 
-def test_custom_metrics_count_the_combinations_emitted() -> None:
+def test_custom_metrics_count_one_metric_per_function_and_name() -> None:
     m = Model(counts(), Assumptions(), flat_prices())
-    # chat_turn: TurnsRun 3 + TurnDuration 3 + TurnErrors 1 + 4 token metrics × 2 families = 15 per tier;
-    # connections 6; http_api 3; turn_sweep 1; usage_export one hour a day
+    # per turn tier 5 (TurnsRun, TurnDuration, TurnErrors, InputTokens, OutputTokens), + HostRunningTurns on
+    # the host tier; connections 3; http_api Requests 1; history_archive 1; turn_sweep 1 (every hour);
+    # usage_export one hour a day; failure-only metrics (ServerErrors, InvalidPayloads, SweepDispatchFailed) 0
     plan = {"host_turns": D(1), "lambda_turns": D(0), "host_hours_share": D(1), "lambda_hours_share": D(0)}
-    assert m.metric_months(plan) == 15 + 6 + 3 + 1 + D(30) / HOURS_PER_MONTH
+    assert m.metric_months(plan) == 6 + 3 + 1 + 1 + 1 + D(30) / HOURS_PER_MONTH
     both = {**plan, "host_hours_share": D("0.5"), "lambda_hours_share": D("0.75")}
-    assert m.metric_months(both) == 15 * D("1.25") + 6 + 3 + 1 + D(30) / HOURS_PER_MONTH
+    assert m.metric_months(both) == 5 * D("0.75") + 6 * D("0.5") + 3 + 1 + 1 + 1 + D(30) / HOURS_PER_MONTH
 
 
 def test_small_archive_objects_stay_in_s3_standard_and_large_ones_move_to_glacier_ir() -> None:

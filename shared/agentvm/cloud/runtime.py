@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from agentvm.adapters.aws.sqs_turn_queue import SqsTurnQueue
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
+    from agentvm.hosting.definition_cache import DefinitionCache
     from agentvm.hosting.runtime_ports import RuntimePorts
     from agentvm.hosting.session_worker import DeadRunner, SessionWorker
     from agentvm.services.billing import BillingService
@@ -364,11 +365,20 @@ class CloudRuntime:
                                   dispatcher=self.dispatcher, owner=invocation.owner)
         return CommandRouter(UseCases(invocation.deps, sessions), invocation.fanout)
 
+    @functools.cached_property
+    def definitions(self) -> DefinitionCache | None:
+        """Sessions' images and agents, kept between turns of this process (hosting/definition_cache.py)."""
+        if self.settings.definition_cache_s <= 0:
+            return None
+        from agentvm.hosting.definition_cache import DefinitionCache
+
+        return DefinitionCache(self.settings.definition_cache_s)
+
     def worker(self, invocation: Invocation) -> SessionWorker:
         from agentvm.hosting.session_worker import SessionWorker
 
         return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner,
-                             lease_ms=self.settings.session_lease_s * 1000)
+                             lease_ms=self.settings.session_lease_s * 1000, definitions=self.definitions)
 
     async def run_session(self, tenant_id: str, session_id: str, *, role: str,
                           request_id: str | None = None) -> list[Turn]:

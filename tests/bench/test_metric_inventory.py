@@ -1,0 +1,71 @@
+"""The cost model's custom-metric inventory (tests/bench/cost_inputs.py METRICS) is exactly what the code
+emits: every `obs.metric(...)` of a handler, the turn metrics of `record_turns` wherever it is called,
+and the turn host's heartbeat metric, each with no dimension but the function (read from the source,
+so a metric added, renamed or given a dimension anywhere fails here until the inventory says so)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+from agentvm.cloud import observability
+from tests.bench.cost_inputs import METRICS, TURN_METRICS
+
+ROOT = Path(__file__).parents[2]
+SOURCES = [*sorted(ROOT.glob("functions/*/handler.py")), ROOT / "shared/agentvm/turnhost/__main__.py"]
+
+
+def _function(tree: ast.Module, path: Path) -> str:
+    """The function name the module's metrics carry: `observe("x")` or `InvocationMetrics("x")`."""
+    names = {node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Name) and node.func.id in {"observe", "InvocationMetrics"}
+             and node.args and isinstance(node.args[0], ast.Constant)}
+    assert len(names) <= 1, (path, names)
+    return str(next(iter(names))) if names else ""
+
+
+def emitted() -> set[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    for path in SOURCES:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        function = _function(tree, path)
+        module = None
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Name) and node.func.id == "record_turns":
+                out |= {(function, name) for name in observability.TURN_METRICS}
+            elif isinstance(node.func, ast.Attribute) and node.func.attr in {"metric", "add"} and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str) and node.func.attr == "metric":
+                    name = first.value
+                elif isinstance(first, ast.Name) and first.id.endswith("_METRIC"):  # a module constant
+                    if module is None:
+                        rel = path.relative_to(ROOT / "shared").with_suffix("")
+                        module = importlib.import_module(".".join(rel.parts))
+                    name = getattr(module, first.id)
+                else:
+                    continue  # a set's or a list's add
+                assert [k.arg for k in node.keywords] == [], f"{path}: {name} has dimensions"
+                assert function, f"{path}: a metric outside an observed function"
+                out.add((function, name))
+    return out
+
+
+def test_the_inventory_is_what_the_code_emits() -> None:
+    assert TURN_METRICS == observability.TURN_METRICS
+    inventory = [(fn, name) for fn, name, _kind in METRICS]
+    assert len(inventory) == len(set(inventory))
+    assert set(inventory) == emitted()
+
+
+def test_metrics_carry_only_the_function_dimension() -> None:
+    assert frozenset({"function"}) == observability.DIMENSIONS
+
+
+def test_the_scan_finds_the_known_emitters() -> None:
+    """The scan itself works: the metrics alarms and the dashboard rely on are found where they are."""
+    found = emitted()
+    assert {("chat_turn", "TurnsRun"), ("turn_host", "TurnsRun"), ("turn_host", "HostRunningTurns"),
+            ("http_api", "ServerErrors"), ("turn_sweep", "SweepDispatched")} <= found
