@@ -35,7 +35,12 @@ REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS = REPO / "functions"
 SHARED = REPO / "shared"
 
-EXPECTED = ("ws_connect", "ws_disconnect", "ws_default", "http_api", "chat_turn", "turn_sweep")
+# Every function of template.yaml (tests/bench/test_bench_smoke.py checks the template against this list).
+EXPECTED = ("ws_connect", "ws_disconnect", "ws_default", "http_api", "chat_stream", "chat_turn", "turn_sweep",
+            "usage_export", "history_archive")
+# Functions started by a script instead of a handler module: what their process loads and runs before it
+# serves (chat_stream: `python -m uvicorn --factory agentvm.cloud.stream_app:create_stream_app`, run.sh).
+APPS = {"chat_stream": "agentvm.cloud.stream_app:create_stream_app"}
 HEAVY = ("anthropic", "fastapi", "pydantic", "httpx", "aioboto3", "aiobotocore", "aiohttp", "uvicorn")
 FORBIDDEN = "anthropic"
 LIMIT_RATIO = 2.5
@@ -48,11 +53,18 @@ BASELINE = "boto3"
 _CHILD = f"""
 import importlib, sys, time
 target = sys.argv[1]
-if target != {BASELINE!r}:
+app = target.startswith("app:")
+if app:
+    module, _, factory = target[4:].partition(":")
+elif target != {BASELINE!r}:
     sys.path.insert(0, target)
     target = "handler"
 t0 = time.perf_counter()
-importlib.import_module(target)
+if app:  # what `python -m uvicorn --factory module:factory` imports and runs before it listens
+    importlib.import_module("uvicorn.main")
+    getattr(importlib.import_module(module), factory)()
+else:
+    importlib.import_module(target)
 elapsed = time.perf_counter() - t0
 import json
 tops = {{name.partition(".")[0] for name in sys.modules}}
@@ -63,7 +75,7 @@ print(json.dumps({{"ms": elapsed * 1000, "modules": len(sys.modules),
 
 def lambda_env(name: str, function_dir: Path) -> dict[str, str]:
     """The environment Lambda and template.yaml give a function, with dummy values."""
-    memory = "512" if name == "chat_turn" else "256"
+    memory = "512" if name in ("chat_turn", "chat_stream", "usage_export") else "256"
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "en_US.UTF-8",
@@ -158,8 +170,15 @@ class Row:
 
 
 def discover() -> dict[str, Path]:
-    """Every functions/<name>/ that holds a handler.py, by name."""
-    return {p.parent.name: p.parent for p in sorted(FUNCTIONS.glob("*/handler.py"))}
+    """Every functions/<name>/ that holds a handler.py (or is one of APPS), by name."""
+    found = {p.parent.name: p.parent for p in sorted(FUNCTIONS.glob("*/handler.py"))}
+    found.update({name: FUNCTIONS / name for name in APPS if (FUNCTIONS / name).is_dir()})
+    return dict(sorted(found.items()))
+
+
+def target_of(name: str, folder: Path) -> str:
+    """The child's argument: the function's folder (import its handler) or `app:module:factory`."""
+    return f"app:{APPS[name]}" if name in APPS else str(folder)
 
 
 def log(msg: str) -> None:
@@ -174,7 +193,7 @@ def measure(runs: int, functions: Mapping[str, Path] | None = None) -> list[Row]
     for name, folder in found.items():
         env = lambda_env(name, folder)
         try:  # warm-up: compiles and caches the .pyc files, as `sam build` ships them
-            first = import_once(str(folder), folder, env)
+            first = import_once(target_of(name, folder), folder, env)
             import_once(BASELINE, folder, env)
         except (ImportFailed, subprocess.TimeoutExpired) as e:
             rows[name] = Row(name, name in EXPECTED, "error", error=str(e))
@@ -189,7 +208,7 @@ def measure(runs: int, functions: Mapping[str, Path] | None = None) -> list[Row]
                 continue
             try:
                 row.boto3_samples_ms.append(import_once(BASELINE, folder, env).ms)
-                sample = import_once(str(folder), folder, env)
+                sample = import_once(target_of(name, folder), folder, env)
             except (ImportFailed, subprocess.TimeoutExpired) as e:
                 row.status, row.error = "error", str(e)
                 continue
