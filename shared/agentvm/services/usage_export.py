@@ -161,6 +161,7 @@ def _record_rows(record: UsageRecord, billing_period: str, bounds: tuple[int, in
                  markup: Decimal, names: Mapping[str, str], validator_aliases: bool) -> list[Row]:
     """The FOCUS rows of one record (see `focus_rows`)."""
     period_start, period_end = bounds
+    period_start_iso, period_end_iso = _iso(period_start), _iso(period_end)
     rows: list[Row] = []
     if record.period != billing_period:
         raise ValueError(f"usage record {record.record_id} is charged in {record.period}, "
@@ -178,8 +179,8 @@ def _record_rows(record: UsageRecord, billing_period: str, bounds: tuple[int, in
             "BillingAccountId": record.tenant_id,
             "BillingAccountName": names.get(record.tenant_id, record.tenant_id),
             "BillingCurrency": record.currency,
-            "BillingPeriodEnd": _iso(period_end),
-            "BillingPeriodStart": _iso(period_start),
+            "BillingPeriodEnd": period_end_iso,
+            "BillingPeriodStart": period_start_iso,
             "ChargeCategory": "Usage",
             "ChargeClass": None,
             "ChargeDescription": part.description,
