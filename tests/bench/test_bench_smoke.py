@@ -88,8 +88,11 @@ def test_cold_imports_have_a_measured_row_per_handler(quick_run: QuickRun) -> No
         r = by_name[name]
         assert r["status"] == "ok", r
         assert len(r["samples_ms"]) == len(r["boto3_samples_ms"]) == 3, r
+        assert len(r["cpu_samples_ms"]) == len(r["boto3_cpu_samples_ms"]) == 3, r
         assert all(positive(v) for v in r["samples_ms"] + r["boto3_samples_ms"]), r
+        assert all(positive(v) for v in r["cpu_samples_ms"] + r["boto3_cpu_samples_ms"]), r
         assert positive(r["median_ms"]) and positive(r["boto3_median_ms"]) and positive(r["ratio"]), r
+        assert positive(r["cpu_ratio"]), r
         assert isinstance(r["within_limit"], bool), r
         assert r["modules"] > 0, r
         assert name in proc.stdout  # the table shows every row
