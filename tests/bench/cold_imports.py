@@ -165,7 +165,7 @@ class Row:
     @property
     def cpu_ratio(self) -> float | None:
         """The judged ratio: CPU time. An import is one thread's work; on a shared machine its wall time
-        also counts the waits for a core (±50 % at a load average of 5 on 2 cores), its CPU time barely."""
+        also counts the waits for a core (±50 % at a load average of 5 on 2 cores), its CPU time ~7 %."""
         if not self.cpu_samples_ms or not self.boto3_cpu_samples_ms:
             return None
         b = statistics.median(self.boto3_cpu_samples_ms)
