@@ -131,6 +131,8 @@ def test_an_upload_past_one_part_is_sent_in_parts_of_the_part_size(aws_env: None
         upload = blobs.upload("broken.csv")
         await upload.write(chunk * 6)  # one part sent
         await upload.abort()
+        with pytest.raises(RuntimeError, match=r"upload of exports/broken\.csv is finished or aborted"):
+            await upload.finish()
     cloud_runtime.run(fail())
     s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []

@@ -9,6 +9,7 @@ upload is aborted (AbortMultipartUpload; the bucket's lifecycle rule also aborts
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
@@ -52,6 +53,8 @@ class S3Upload:
             await self._send_part()
 
     async def finish(self) -> int:
+        if self._done:
+            raise RuntimeError(f"upload of {self.key} is finished or aborted")
         client = await self._client()
         bucket = self.bucket
         try:
@@ -64,7 +67,8 @@ class S3Upload:
                 await client.complete_multipart_upload(Bucket=bucket, Key=self.key, UploadId=self._upload_id,
                                                        MultipartUpload={"Parts": self._parts})
         except BaseException:
-            await self.abort()
+            with contextlib.suppress(Exception):  # the failure to report is the one above
+                await self.abort()
             raise
         self._done, self._buf, self._upload_id = True, bytearray(), None
         return self.size
