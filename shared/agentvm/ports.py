@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
@@ -545,6 +545,12 @@ class UsageLedger(Protocol):
         tenant's when `tenant_id` is None (the operator's export)."""
         ...
 
+    def stream_usage(self, tenant_id: str | None, *, since_ms: int, until_ms: int) -> AsyncIterator[UsageRecord]:
+        """The records of `list_usage`, read page by page and yielded as they come, so that an export of
+        any size holds a bounded number of them: ordered by `ended_at` (ties in an order the adapter keeps
+        stable), each record once."""
+        ...
+
 
 class CallMeter(Protocol):
     """The budgets around the engine's LLM calls (services/metering.py's `Meter`): a new turn admitted
@@ -623,6 +629,25 @@ class BlobStore(Protocol):
     async def url(self, key: str, expires_s: int = 3600) -> str:
         """A time-limited URL that reads the blob without credentials (presigned GET)."""
         ...
+
+
+class BlobUpload(Protocol):
+    """One blob written in pieces (S3: a multipart upload): nothing is visible under its key until
+    `finish`; `abort` drops what was sent."""
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def finish(self) -> int:
+        """Make the blob visible; returns its size in bytes."""
+        ...
+
+    async def abort(self) -> None: ...
+
+
+class BlobUploads(Protocol):
+    """Blobs too large to hold in memory, written as a stream (the scheduled usage export)."""
+
+    def upload(self, key: str, content_type: str = "application/octet-stream") -> BlobUpload: ...
 
 
 class FileSystemFactory(Protocol):

@@ -260,8 +260,10 @@ class Assumptions:
     sweep_rru: Decimal = D(8)  # 16 index Queries at 0.5 RRU while nothing is unfinished
     export_runs: Decimal = DAYS_PER_MONTH.to_integral_value()  # daily cron
     export_ms_base: Decimal = D(1000)
-    export_ms_per_record: Decimal = D("0.05")  # ~20,000 usage records read and written a second
-    export_memory_mb: int = 512
+    # measured: ~90 µs of CPU a record to write (2 FOCUS rows; tests/cloud/test_usage_export_stream.py), plus
+    # an estimated ~60 µs to read and parse its item; CPU-bound, at the one vCPU of 1769 MB
+    export_ms_per_record: Decimal = D("0.15")  # ~6,700 usage records read and written a second
+    export_memory_mb: int = 1769
     archive_runs: Decimal = HOURS_PER_MONTH * 12  # one per 300 s batching window while deletes arrive
     archive_ms_base: Decimal = D(500)
     archive_ms_per_put: Decimal = D(30)
@@ -311,7 +313,8 @@ ASSUMPTION_WHY = {
     "archive_bytes_per_turn": "gzip JSON Lines of a turn's ~1.8 KB of history items",
     "archive_puts_per_session": "a session's items expire together, in about two 300 s stream batches",
     "glacier_min_object_bytes": "S3 lifecycle does not transition objects under 128 KB (the 2024 default)",
-    "export_ms_per_record": "usage_export reads and writes ~20,000 usage records a second",
+    "export_ms_per_record": "usage_export reads and writes ~6,700 usage records a second (one vCPU; measured "
+                            "~90 µs CPU a record to write its rows)",
     "scale_out_lag_min": "the scale-out alarm (2 of 3 minutes) + a Fargate task start: turns run on Lambda",
     "scale_in_delay_min": "the scale-in alarm waits 15 minutes: a task outlives its traffic by that much",
     "within_hour_peak": "tasks are sized for the minute-level peak of each hour, 1.25 x its mean",
@@ -344,7 +347,8 @@ ASSUMPTION_WHY = {
     "sweep_rru": "16 index Queries at 0.5 RRU while no turn is unfinished",
     "export_runs": "usage_export's daily cron",
     "export_ms_base": "usage_export start-up and its S3 PUTs",
-    "export_memory_mb": "template: usage_export runs at 512 MB",
+    "export_memory_mb": "template: usage_export runs at 1769 MB (one vCPU: it is CPU-bound; streamed, it needs "
+                        "~200 MB)",
     "archive_runs": "history_archive: one invocation per 300 s batching window while TTL deletes arrive",
     "archive_ms_base": "history_archive: decode a batch of stream records",
     "archive_ms_per_put": "history_archive: one gzip PUT per session in the batch",

@@ -150,7 +150,7 @@ def test_the_idle_month_is_the_deployment_alone() -> None:
         "read request units (turn_sweep)": D(175_200),  # 21,900 × 8
         "ingestion (turn_sweep EMF)": D(21_900) * (243 + 26) / GIB,
         "usage_export requests (daily)": D(30),
-        "usage_export duration (512 MB × 1000 ms)": D(15),
+        "usage_export duration (1769 MB × 1000 ms)": D(30) * 1769 / 1024,  # 30 × 1.73 GB × 1 s
         "SnapStart cache (chat_turn 256 MB × 1 version)": D(657_000),  # 0.25 GB × 730 h × 3600 s
         "custom metrics (EMF, metric × dimension combinations)": 1 + D(30) / HOURS_PER_MONTH,  # SweepDispatched
         "alarms (turn-host scaling)": D(2),

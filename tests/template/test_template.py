@@ -203,9 +203,12 @@ def test_function_is_small_arm64_python312(name: str) -> None:
     if isinstance(memory, dict):
         parameter = parameters[memory["Ref"]]
         assert 256 <= parameter["Default"] <= 512 and parameter["MaxValue"] <= 1024
+    elif name == "UsageExportFunction":  # CPU-bound: one vCPU costs the same GB-seconds a record, runs faster
+        assert memory == 1769
     else:
         assert 256 <= memory <= 512
-    limit = 900 if name in TURN_RUNNERS else 300 if name in SCHEDULED + STREAM_CONSUMERS else 29
+    limit = 900 if name in (*TURN_RUNNERS, "UsageExportFunction") else 300 if name in SCHEDULED + STREAM_CONSUMERS \
+        else 29
     assert 1 <= function["Timeout"] <= limit
     for key in ("VpcConfig", "ProvisionedConcurrencyConfig", "FileSystemConfigs", "Tracing", "DeploymentPreference"):
         assert key not in function, f"{name}: {key} costs money while idle or per request"
@@ -523,7 +526,9 @@ def test_the_usage_export_runs_daily_on_a_schedule_with_no_idle_cost() -> None:
         "RetryPolicy": {"MaximumRetryAttempts": 2}}}]
     s3 = [st for st in _statements("UsageExportFunction") if _as_list(st["Action"])[0].startswith("s3:")]
     assert [(_as_list(st["Action"]), _text(st["Resource"])) for st in s3] == [
-        (["s3:PutObject"], "${Bucket.Arn}/exports/*")]
+        (["s3:PutObject", "s3:AbortMultipartUpload"], "${Bucket.Arn}/exports/*")]  # multipart (s3_upload.py)
+    # streamed: one vCPU for a CPU-bound run, and Lambda's longest (tests/cloud/test_usage_export_stream.py)
+    assert (_function("UsageExportFunction")["MemorySize"], _function("UsageExportFunction")["Timeout"]) == (1769, 900)
 
 
 def test_the_turn_sweep_runs_on_a_schedule_and_only_reads_and_starts_chat_turn() -> None:
