@@ -14,6 +14,10 @@
 * `on_beat` sees every record the host writes (the running-turns metric the service scales in on).
 * `stop()` (SIGTERM, ECS scale-in): deregister, stop receiving (requests received meanwhile are
   refused), let the running sessions finish for up to `drain_s`.
+* `take_here()`: a turn of a connection on the host's own WebSocket front (turnhost/front.py) runs
+  on the host without a queue hop when it has room (turnhost/local_dispatch.py).
+* `endpoint`: with a front, the private address, port and token other hosts post its sockets'
+  frames to (turnhost/peers.py), written into every record.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class HostCounts:
     taken: int = 0  # session runs started
     joined: int = 0  # requests for a session it was running already
     refused: int = 0  # handed to the fallback
+    local: int = 0  # session runs started for the host's own front (take_here), without the queue
     turns: int = 0  # turns its session runs ran
     by_reason: dict[str, int] = field(default_factory=dict)
 
@@ -66,8 +71,10 @@ class HostCounts:
 class TurnHost:
     def __init__(self, host_id: str, *, queue: TurnQueue, directory: TurnHostDirectory, fallback: Dispatcher,
                  run_session: RunSession, cpu: CpuMeter, options: HostOptions | None = None,
-                 on_run: OnRun | None = None, on_beat: OnBeat | None = None) -> None:
+                 on_run: OnRun | None = None, on_beat: OnBeat | None = None,
+                 endpoint: tuple[str, int, str] | None = None) -> None:
         self.host_id = host_id
+        self.endpoint = endpoint
         self.queue = queue
         self.directory = directory
         self.fallback = fallback
@@ -99,8 +106,24 @@ class TurnHost:
 
     def record(self) -> TurnHostRecord:
         o = self.options
+        address, port, token = self.endpoint or ("", 0, "")
         return TurnHostRecord(self.host_id, now_ms() + int(3 * o.heartbeat_s * 1000), o.capacity,
-                              len(self.running), self.refusal() is None)
+                              len(self.running), self.refusal() is None, address, port, token)
+
+    def take_here(self, tenant_id: str, session_id: str) -> bool:
+        """Run a session's queued turns on this host if it has room (True), or join its running
+        run; False: the caller hands them on (the tiered dispatcher). Call it on the host's loop."""
+        key = (tenant_id, session_id)
+        if key in self.running:
+            self.counts.joined += 1
+            return True
+        if self._wake is None or self.refusal() is not None:  # not serving, draining or full
+            return False
+        self.counts.taken += 1
+        self.counts.local += 1
+        self.running[key] = asyncio.create_task(self._run(TurnRequest(tenant_id, session_id)))
+        self._changed()
+        return True
 
     def stop(self) -> None:
         """Drain: deregister, stop receiving, let the running sessions finish (thread-unsafe: call it
