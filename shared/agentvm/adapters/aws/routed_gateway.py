@@ -11,7 +11,8 @@ migration). A frame goes
 * to API Gateway's management API as before (`api`, created on first use).
 
 Gone as on API Gateway: False when the socket is closed, when the host is not registered any more
-(a dead host's sockets died with it) or nothing listens at its address. A peer that does not answer
+(a dead host's sockets died with it: its record lapses three heartbeats after its last one, as of
+the listing) or nothing listens at its address. A peer that does not answer
 in time raises: the frame is lost, the subscription kept (cloud_fanout.py). The directory is listed
 at most once per `cache_s` (a host unknown to the listing gets one early re-listing, at most once
 per `relist_s`). Frame content is never logged.
@@ -66,6 +67,7 @@ class RoutedGateway:
         self.relist_s = relist_s
         self._hosts: dict[str, TurnHostRecord] = {}
         self._listed_at: float | None = None
+        self._listed_wall_ms = 0
         self._lock = asyncio.Lock()
         self._http: Any = None  # httpx.AsyncClient, created on first use on the loop that uses it
         #: posts by route, for metrics and tests: "local" | "peer" | "api"
@@ -133,8 +135,10 @@ class RoutedGateway:
             stale = at is None or now - at >= self.cache_s
             if stale or (host_id not in self._hosts and now - at >= self.relist_s):  # type: ignore[operator]
                 self._hosts = {h.host_id: h for h in await self.directory.list_hosts()}
-                self._listed_at = now
+                self._listed_at, self._listed_wall_ms = now, now_ms()
         peer = self._hosts.get(host_id)
-        return peer if peer is not None and peer.until_ms > now_ms() else None
+        # judged as of the listing, not of each post (a live host's `until` is three heartbeats ahead
+        # of its last one, possibly less than the cache's age: hosting/turn_tiers.py)
+        return peer if peer is not None and peer.until_ms > self._listed_wall_ms else None
 
 
