@@ -221,10 +221,14 @@ def test_the_turn_host_task_role_is_exactly_what_a_turn_needs() -> None:
         ("FallBackToChatTurn", ("lambda:InvokeFunction",)): ["${ChatTurnFunction.Alias}"],
         ("ReadConfig", ("ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath")): config,
         ("ReadLlmKey", ("secretsmanager:GetSecretValue",)): ["${LlmSecretArn}"],
+        # with its own WebSocket front (WebSocketFront=LoadBalancer): ws_default's dispatch and deletes
+        ("SendTurnsToHosts", ("sqs:SendMessage",)): ["${TurnQueue.Arn}"],
+        ("DeleteArchivedHistory", ("s3:DeleteObject",)): ["${Bucket.Arn}/archive/*"],
     }
-    (secret,) = [st for st in _resource("TurnHostTaskRole")["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
-                 if "Fn::If" in st]
+    secret, *front = [st for st in _resource("TurnHostTaskRole")["Properties"]["Policies"][0]["PolicyDocument"]
+                      ["Statement"] if "Fn::If" in st]
     assert secret["Fn::If"][0] == "HasLlmSecret" and secret["Fn::If"][2] == NO_VALUE
+    assert [(st["Fn::If"][0], st["Fn::If"][2]) for st in front] == [("LoadBalancerFront", NO_VALUE)] * 2
     # escalation to the sandbox: the same grant as chat_turn's, attached only with the tier
     roles = _resource("ChatTurnContainerTierPolicy")["Properties"]["Roles"]
     assert {"Fn::If": ["HasTurnHostTier", {"Ref": "TurnHostTaskRole"}, NO_VALUE]} in roles
