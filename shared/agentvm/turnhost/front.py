@@ -103,10 +103,20 @@ class HostSockets:
 
     def _close(self, sock: _Socket, code: int, reason: str) -> None:
         sock.closing = (code, reason)
-        with contextlib.suppress(asyncio.QueueFull):
-            sock.queue.put_nowait(None)
-        if sock.queue.full() and sock.pump is not None:  # nothing more goes out: close at once
-            sock.pump.cancel()
+        try:
+            sock.queue.put_nowait(None)  # the pump closes after what was queued
+        except asyncio.QueueFull:  # a client that stopped reading: drop its frames, close at once
+            if sock.pump is not None:
+                sock.pump.cancel()
+            sock.pump = asyncio.get_running_loop().create_task(self._abort(sock))
+
+    @staticmethod
+    async def _abort(sock: _Socket) -> None:
+        assert sock.closing is not None
+        code, reason = sock.closing
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(sock.ws.close(code=code, reason=reason[:120]), 2)
+        sock.done.set()
 
     def _open(self, connection_id: str, ws: WebSocket) -> _Socket:
         sock = _Socket(ws, asyncio.Queue(self.max_queue + 1))  # one place for the close marker

@@ -122,7 +122,7 @@ class RoutedGateway:
                                            headers={"authorization": f"Bearer {peer.token}"})
         except httpx.ConnectError:
             return False  # nothing listens there: the host is gone
-        if res.status_code == 200:
+        if res.status_code in (200, 204):
             return True
         if res.status_code == 410:
             return False
