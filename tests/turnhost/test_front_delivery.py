@@ -198,3 +198,23 @@ async def test_local_first_dispatch_runs_on_the_host_with_room_else_hands_on() -
     host.stop()
     assert await serving
     assert fallback.started == [("t", "s-before"), ("t", "s2")]
+
+
+async def test_a_host_that_does_not_answer_is_skipped_for_a_while_and_its_subscribers_kept() -> None:
+    import httpx
+
+    attempts: list[str] = []
+
+    def no_answer(request: httpx.Request) -> httpx.Response:
+        attempts.append(str(request.url))
+        raise httpx.ConnectTimeout("no route", request=request)
+
+    gateway = RoutedGateway(FakeApi, Directory([record("host-b", 1)]), unreachable_s=60)
+    gateway._http = httpx.AsyncClient(transport=httpx.MockTransport(no_answer))
+    try:
+        for _ in range(3):  # raises (the fan-out keeps the subscription), never False (gone)
+            with pytest.raises(PeerRefused, match="host-b"):
+                await gateway.post("h-host-b-1", "x")
+    finally:
+        await gateway.close()
+    assert attempts == ["http://127.0.0.1:1/@connections/h-host-b-1"]  # one wait, then at once

@@ -228,6 +228,7 @@ async def serve(settings: Settings) -> bool:
         metrics.flush()
         if front is not None:
             await front.stop()
+            await host.deregister()  # its sockets are closed: nobody needs its address any more
     c = host.counts
     log.info("turn host stopped", extra={"received": c.received, "taken": c.taken, "joined": c.joined,
                                          "refused": c.refused, "local": c.local, "turns": c.turns,

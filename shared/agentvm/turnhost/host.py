@@ -13,7 +13,8 @@
   the budget hold back (hosting/session_worker.py).
 * `on_beat` sees every record the host writes (the running-turns metric the service scales in on).
 * `stop()` (SIGTERM, ECS scale-in): deregister, stop receiving (requests received meanwhile are
-  refused), let the running sessions finish for up to `drain_s`.
+  refused), let the running sessions finish for up to `drain_s`. A host with a front (`endpoint`)
+  stays registered, not accepting, until its sockets are closed (`deregister()` then).
 * `take_here()`: a turn of a connection on the host's own WebSocket front (turnhost/front.py) runs
   on the host without a queue hop when it has room (turnhost/local_dispatch.py).
 * `endpoint`: with a front, the private address, port and token other hosts post its sockets'
@@ -75,6 +76,10 @@ class TurnHost:
                  endpoint: tuple[str, int, str] | None = None) -> None:
         self.host_id = host_id
         self.endpoint = endpoint
+        # with a front the record must outlive the drain: other hosts find its open sockets by it
+        # (not accepting, so no turn is sent to it); whoever closes the sockets calls `deregister()`
+        self.stay_registered = endpoint is not None
+        self._served = False
         self.queue = queue
         self.directory = directory
         self.fallback = fallback
@@ -148,6 +153,7 @@ class TurnHost:
             finished = await self._drain()
         finally:
             self.draining = True  # also when receiving failed for good: the heartbeats deregister
+            self._served = True
             sampler.cancel()
             self._changed()
             with contextlib.suppress(asyncio.CancelledError):
@@ -249,14 +255,20 @@ class TurnHost:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.options.heartbeat_s)
             self._wake.clear()
-            if self.draining:
-                try:
-                    await self.directory.deregister(self.host_id)
-                except Exception:  # its record lapses on its own (`until`)
-                    log.exception("the turn host could not deregister")
-                self.registered = False
+            if self.draining and self.stay_registered:
+                if self._served:
+                    return
+            elif self.draining:
+                await self.deregister()
                 return
             await self._beat()
+
+    async def deregister(self) -> None:
+        try:
+            await self.directory.deregister(self.host_id)
+        except Exception:  # its record lapses on its own (`until`)
+            log.exception("the turn host could not deregister")
+        self.registered = False
 
     async def _beat(self) -> None:
         record = self.record()

@@ -12,8 +12,9 @@ migration). A frame goes
 
 Gone as on API Gateway: False when the socket is closed, when the host is not registered any more
 (a dead host's sockets died with it: its record lapses three heartbeats after its last one, as of
-the listing) or nothing listens at its address. A peer that does not answer
-in time raises: the frame is lost, the subscription kept (cloud_fanout.py). The directory is listed
+the listing) or nothing listens at its address. A peer that does not answer in time raises: the
+frame is lost, the subscription kept (cloud_fanout.py); one that does not even accept a connection
+within `connect_s` is skipped (raises at once) for `unreachable_s`. The directory is listed
 at most once per `cache_s` (a host unknown to the listing gets one early re-listing, at most once
 per `relist_s`). Frame content is never logged.
 """
@@ -56,13 +57,16 @@ class PeerRefused(Exception):
 
 class RoutedGateway:
     def __init__(self, api: Callable[[], FrameGateway], directory: TurnHostDirectory, *,
-                 local: LocalSockets | None = None, timeout_s: float = 5.0, cache_s: float = 2.0,
-                 relist_s: float = 0.5) -> None:
+                 local: LocalSockets | None = None, timeout_s: float = 5.0, connect_s: float = 1.0,
+                 cache_s: float = 2.0, relist_s: float = 0.5, unreachable_s: float = 30.0) -> None:
         self._api_factory = api
         self._api: FrameGateway | None = None
         self.directory = directory
         self.local = local
         self.timeout_s = timeout_s
+        self.connect_s = connect_s
+        self.unreachable_s = unreachable_s
+        self._unreachable: dict[str, float] = {}  # host id → until when posts to it fail at once
         self.cache_s = cache_s
         self.relist_s = relist_s
         self._hosts: dict[str, TurnHostRecord] = {}
@@ -114,14 +118,23 @@ class RoutedGateway:
         peer = await self._find(host_id)
         if peer is None or not peer.address or not peer.token:
             return False  # not registered (any more): its sockets are gone with it
+        blocked = self._unreachable.get(host_id)
+        if blocked is not None and time.monotonic() < blocked:
+            raise PeerRefused(f"turn host {host_id} is not reachable from here")
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout_s)
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=self.connect_s))
         url = f"http://{peer.address}:{peer.port}/@connections/{quote(connection_id, safe='')}"
         try:
             res = await self._http.request(method, url, content=body,
                                            headers={"authorization": f"Bearer {peer.token}"})
         except httpx.ConnectError:
-            return False  # nothing listens there: the host is gone
+            return False  # refused: nothing listens there, the host is gone
+        except httpx.ConnectTimeout:
+            # no answer at all: no route from this process (a function outside the VPC) or a host
+            # that just died; the subscription is kept (its record lapses if the host is dead), and
+            # the next posts to that host fail at once for a while instead of waiting each
+            self._unreachable[host_id] = time.monotonic() + self.unreachable_s
+            raise PeerRefused(f"turn host {host_id} did not answer within {self.connect_s:g} s") from None
         if res.status_code in (200, 204):
             return True
         if res.status_code == 410:
