@@ -69,6 +69,8 @@ class HostSockets:
         self.host_id = host_id
         self.max_queue = max_queue
         self._sockets: dict[str, _Socket] = {}
+        self.frames_out = 0  # written to sockets, and their bytes (the cost model's bytes out)
+        self.bytes_out = 0
 
     def __len__(self) -> int:
         return len(self._sockets)
@@ -136,6 +138,8 @@ class HostSockets:
                 if frame is None:
                     break
                 await sock.ws.send_text(frame)
+                self.frames_out += 1
+                self.bytes_out += len(frame.encode())
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass
         finally:
