@@ -197,6 +197,23 @@ class Front:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
+async def new_front(rt: CloudRuntime, name: str) -> tuple[Front, tuple[str, int, str]]:
+    """A host's front with its random token, and the endpoint the host registers."""
+    s = rt.settings
+    token = secrets.token_urlsafe(32)
+    return Front(rt, name, token), (s.turn_host_address or await task_address(), s.turn_host_peer_port, token)
+
+
+async def start_front(rt: CloudRuntime, front: Front, host: TurnHost) -> None:
+    """Frames to the front's sockets go straight to them, its connections' turns run on the host when
+    it has room; listening before the host registers its address."""
+    from agentvm.turnhost.local_dispatch import LocalFirstDispatcher
+
+    front.host = host
+    rt.use_front(local=front.sockets, dispatcher=LocalFirstDispatcher(host, rt.dispatcher))
+    await front.start(rt.settings)
+
+
 async def serve(settings: Settings) -> bool:
     rt = await CloudRuntime(settings).ready()
     await rt.driver()  # the LLM key is read once, before the first turn
@@ -205,16 +222,10 @@ async def serve(settings: Settings) -> bool:
     front: Front | None = None
     endpoint = None
     if settings.turn_host_ws_port:
-        token = secrets.token_urlsafe(32)
-        front = Front(rt, name, token)
-        endpoint = (settings.turn_host_address or await task_address(), settings.turn_host_peer_port, token)
+        front, endpoint = await new_front(rt, name)
     host = build(rt, metrics=metrics, name=name, endpoint=endpoint)
     if front is not None:
-        from agentvm.turnhost.local_dispatch import LocalFirstDispatcher
-
-        front.host = host
-        rt.use_front(local=front.sockets, dispatcher=LocalFirstDispatcher(host, rt.dispatcher))
-        await front.start(settings)  # listening before the host registers its address
+        await start_front(rt, front, host)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, host.stop)
