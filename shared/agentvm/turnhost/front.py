@@ -13,6 +13,8 @@ from API Gateway is only what a socket allows:
   frame, then the close (1008);
 * a handled frame that fails gets API Gateway's `{"message": "Internal server error", ...}`;
 * the stock client's `{"__ack": …}` frames are dropped at once (they mean nothing in the cloud);
+* at most MAX_INFLIGHT frames of a connection are handled at once: beyond that it is not read
+  (API Gateway throttles instead; the ALB has no per-connection limit);
 * a connection is closed after 2 h (1001, "Going away"), API Gateway's cap: the connection
   registry's records live just over that long.
 
@@ -50,6 +52,7 @@ GOING_AWAY = 1001
 POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
 MAX_AGE_S = 2 * 3600
+MAX_INFLIGHT = 32  # frames of one connection handled at once
 OVERFLOW_REASON = "client too slow"
 
 
@@ -212,7 +215,11 @@ class HostFront:
 
     async def _read(self, ws: WebSocket, cid: str, sock: _Socket) -> None:
         loop = asyncio.get_running_loop()
+        # API Gateway throttles a connection's frames; here a client that sends faster than its
+        # frames are handled is simply not read (TCP backpressure) beyond MAX_INFLIGHT at once
+        room = asyncio.Semaphore(MAX_INFLIGHT)
         while sock.closing is None:
+            await room.acquire()
             read = loop.create_task(ws.receive())
             closed = loop.create_task(sock.done.wait())
             await asyncio.wait({read, closed}, return_when=asyncio.FIRST_COMPLETED)
@@ -230,9 +237,11 @@ class HostFront:
             if body is None:
                 body = msg.get("bytes")
             if body is None:
+                room.release()
                 continue
             if isinstance(body, str) and body.startswith('{"__ack"'):
                 self.counts["acks"] += 1
+                room.release()
                 continue
             self.counts["frames"] += 1
             # frames run concurrently, as API Gateway's $default invocations do; a frame accepted
@@ -240,6 +249,7 @@ class HostFront:
             task = loop.create_task(self._frame(cid, body))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
+            task.add_done_callback(lambda _: room.release())
 
     async def _frame(self, cid: str, body: str | bytes) -> None:
         try:
