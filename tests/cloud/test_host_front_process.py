@@ -138,10 +138,11 @@ async def test_a_stock_client_on_a_host_gets_the_api_gateway_frames_and_b_gets_t
             assert on_host[-1]["type"] == "turn_response" and on_host[-1]["data"]["status"] == "completed"
 
             await on_b.request("image_get_request", {"imageId": mine["imageId"]})  # subscribes on B
-            start_b = len(on_b.events)
+            start_b, raw_b = len(on_b.events), len(on_b.raw)
             second = await on_a.turn(mine["imageId"], "slow two", timeout=30)
             await on_b.wait_for(lambda e: e.get("type") == "turn_response", 30, start_b)
             seen_b = [e for e in on_b.events[start_b:] if "seq" in e]
+            posted_to_b = len(on_b.raw) - raw_b  # every frame of A's turn, each an internal post A → B
         await stack.edge.settle(include_invokes=True)
         assert stack.chat_turns() == []
     # B got every event of the turn, in order, once; the sender does not get its own user_message
@@ -155,6 +156,9 @@ async def test_a_stock_client_on_a_host_gets_the_api_gateway_frames_and_b_gets_t
     stopped_a, stopped_b = a.stopped(), b.stopped()
     assert (stopped_a["local"], stopped_b["local"]) == (2, 0)
     assert (stopped_a["received"] + stopped_b["received"], stopped_a["refused"] + stopped_b["refused"]) == (1, 0)
+    assert posted_to_b == len(seen_b) > 0
+    assert (stopped_b["front"]["peer_posted"], stopped_b["front"]["peer_refused"]) == (posted_to_b, 0)
+    assert stopped_a["front"]["peer_posted"] == 0  # B's frames to A: none (B ran no turn, A's client got its own)
 
 
 async def test_bad_and_missing_keys_are_refused_as_on_the_other_fronts(stack: Stack) -> None:

@@ -241,10 +241,13 @@ async def serve(settings: Settings) -> bool:
             await front.stop()
             await host.deregister()  # its sockets are closed: nobody needs its address any more
     c = host.counts
+    fronted = {} if front is None else {
+        "front": {**front.app.counts, "frames_out": front.sockets.frames_out, "bytes_out": front.sockets.bytes_out,
+                  **{f"peer_{k}": v for k, v in front.peers.counts.items()}}}
     log.info("turn host stopped", extra={"received": c.received, "taken": c.taken, "joined": c.joined,
                                          "refused": c.refused, "local": c.local, "turns": c.turns,
                                          "drained": finished, "cpu_ms": round(time.process_time() * 1000),
-                                         "peak_rss_mb": _peak_rss_mb()})
+                                         "peak_rss_mb": _peak_rss_mb(), **fronted})
     return finished
 
 
