@@ -154,6 +154,9 @@ async def test_a_stock_client_on_a_host_gets_the_api_gateway_frames_and_b_gets_t
     # A ran its client's two turns itself (no queue hop); the API Gateway client's turn came through
     # the queue to one of the hosts
     stopped_a, stopped_b = a.stopped(), b.stopped()
+    emf = [json.loads(line) for line in a.log.read_text().splitlines() if '"_aws"' in line]
+    accepted = [m for m in emf if "ConnectionsAccepted" in m]  # the ws_connect metric, from the host's front
+    assert [(m["function"], m["auth"], m["ConnectionsAccepted"]) for m in accepted] == [("turn_host", "key", [1.0])]
     assert (stopped_a["local"], stopped_b["local"]) == (2, 0)
     assert (stopped_a["received"] + stopped_b["received"], stopped_a["refused"] + stopped_b["refused"]) == (1, 0)
     assert posted_to_b == len(seen_b) > 0
@@ -201,6 +204,15 @@ async def test_bad_and_missing_keys_are_refused_as_on_the_other_fronts(stack: St
                 answer = json.loads(await asyncio.wait_for(ws.recv(), 10))
             assert answer["type"] == "container_create_response" and "error" not in answer["data"]
             assert answer["data"]["requestId"] == "r1"
+
+        closes = []  # a message above API Gateway's 128 KB: closed 1009 on both fronts
+        for url in (stack.edge.url, a.url(_token(stack))):
+            async with connect(url, max_size=None) as ws:
+                await ws.send("x" * (128 * 1024 + 1))
+                with pytest.raises(ConnectionClosed):
+                    await asyncio.wait_for(ws.recv(), 10)
+                closes.append(ws.close_code)
+        assert closes == [1009, 1009]
 
         # the internal endpoint: nothing is delivered without the host's token
         async with httpx.AsyncClient() as http:

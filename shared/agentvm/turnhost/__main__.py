@@ -41,6 +41,7 @@ from agentvm.turnhost.host import HostOptions, TurnHost
 log = logging.getLogger("agentvm.turnhost")
 
 METRICS_FLUSH_S = 60.0
+MAX_CLIENT_MESSAGE_BYTES = 128 * 1024
 METRICS_FLUSH_RUNS = 50
 
 
@@ -64,6 +65,14 @@ class Metrics:
     def add(self, turns: Sequence[Turn]) -> None:
         record_turns(self.pending.add, turns)
         self.runs += 1
+        self._maybe_flush()
+
+    def metric(self, name: str, unit: Any, value: float, **dimensions: str) -> None:
+        """A metric of the host's front (the ws_* functions' connection metrics), flushed with the turns'."""
+        self.pending.add(name, unit, value, **dimensions)
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
         if self.runs >= METRICS_FLUSH_RUNS or asyncio.get_running_loop().time() - self.flushed_at >= METRICS_FLUSH_S:
             self.flush()
 
@@ -159,13 +168,16 @@ async def task_address() -> str:
 class Front:
     """The WebSocket front and the internal endpoint of a host (AVM_TURN_HOST_WS_PORT)."""
 
-    def __init__(self, rt: CloudRuntime, name: str, token: str) -> None:
+    def __init__(self, rt: CloudRuntime, name: str, token: str, metrics: Metrics | None = None) -> None:
         from agentvm.turnhost.front import HostFront, HostSockets
         from agentvm.turnhost.peers import PeerEndpoint
 
         self.sockets = HostSockets(name)
         self.host: TurnHost | None = None
-        self.app = HostFront(rt, self.sockets, healthy=self.healthy)
+        if metrics is None:
+            self.app = HostFront(rt, self.sockets, healthy=self.healthy)
+        else:
+            self.app = HostFront(rt, self.sockets, healthy=self.healthy, metric=metrics.metric)
         self.peers = PeerEndpoint(self.sockets, token)
         self.servers: list[Any] = []
         self.tasks: list[asyncio.Task[None]] = []
@@ -175,9 +187,10 @@ class Front:
 
     async def start(self, settings: Settings) -> None:
         for app, port in ((self.app, settings.turn_host_ws_port), (self.peers, settings.turn_host_peer_port)):
+            # API Gateway's limit on a client's message (above it: close 1009), so both fronts take the same
             server = _Server(uvicorn.Config(app, host="0.0.0.0", port=port, log_config=None, lifespan="off",
                                             access_log=False, ws="websockets-sansio", ws_per_message_deflate=False,
-                                            ws_max_size=settings.max_frame_bytes, timeout_graceful_shutdown=5))
+                                            ws_max_size=MAX_CLIENT_MESSAGE_BYTES, timeout_graceful_shutdown=5))
             self.servers.append(server)
             self.tasks.append(asyncio.create_task(server.serve()))
         while not all(s.started for s in self.servers):
@@ -197,11 +210,12 @@ class Front:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-async def new_front(rt: CloudRuntime, name: str) -> tuple[Front, tuple[str, int, str]]:
+async def new_front(rt: CloudRuntime, name: str, metrics: Metrics | None = None) -> tuple[Front, tuple[str, int, str]]:
     """A host's front with its random token, and the endpoint the host registers."""
     s = rt.settings
     token = secrets.token_urlsafe(32)
-    return Front(rt, name, token), (s.turn_host_address or await task_address(), s.turn_host_peer_port, token)
+    return Front(rt, name, token, metrics), (s.turn_host_address or await task_address(), s.turn_host_peer_port,
+                                             token)
 
 
 async def start_front(rt: CloudRuntime, front: Front, host: TurnHost) -> None:
@@ -222,7 +236,7 @@ async def serve(settings: Settings) -> bool:
     front: Front | None = None
     endpoint = None
     if settings.turn_host_ws_port:
-        front, endpoint = await new_front(rt, name)
+        front, endpoint = await new_front(rt, name, metrics)
     host = build(rt, metrics=metrics, name=name, endpoint=endpoint)
     if front is not None:
         await start_front(rt, front, host)

@@ -157,8 +157,10 @@ class HostFront:
     """The ASGI app on AVM_TURN_HOST_WS_PORT: WebSockets on any path, GET /health."""
 
     def __init__(self, rt: CloudRuntime, sockets: HostSockets, *, healthy: Callable[[], bool],
-                 max_age_s: float = MAX_AGE_S) -> None:
+                 max_age_s: float = MAX_AGE_S, metric: ws_routes.Metric = ws_routes.no_metric) -> None:
+        """`metric`: the connection metrics the ws_* functions write (ConnectionsAccepted, …)."""
         self.rt = rt
+        self.metric = metric
         self.sockets = sockets
         self.healthy = healthy
         self.max_age_s = max_age_s
@@ -183,7 +185,7 @@ class HostFront:
     async def _socket(self, ws: WebSocket) -> None:
         cid = host_connection_id(self.sockets.host_id, secrets.token_hex(8))
         try:
-            done = await ws_routes.connect(self.rt, cid, dict(ws.headers), dict(ws.query_params))
+            done = await ws_routes.connect(self.rt, cid, dict(ws.headers), dict(ws.query_params), self.metric)
         except Exception:
             log.exception("the upgrade could not be handled")
             await ws.send_denial_response(PlainTextResponse('{"message": "Internal server error"}', 500))
@@ -253,7 +255,7 @@ class HostFront:
 
     async def _frame(self, cid: str, body: str | bytes) -> None:
         try:
-            await ws_routes.frame(self.rt, cid, body, role="turn_host_front")
+            await ws_routes.frame(self.rt, cid, body, self.metric, role="turn_host_front")
         except Exception:
             log.exception("a frame could not be handled", extra={"connection_id": cid})
             await self.sockets.post(cid, json.dumps({"message": "Internal server error", "connectionId": cid,
