@@ -151,6 +151,13 @@ class Settings(BaseSettings):
     turn_host_poll_s: int = Field(20, ge=0, le=20, description="Long-polling wait of a turn host's queue receive.")
     turn_host_drain_s: float = Field(100.0, ge=0, le=3600, description=(
         "On SIGTERM a turn host lets its running turns finish for up to this long (ECS stopTimeout: 120 s)."))
+    turn_host_ws_port: int = Field(0, ge=0, le=65_535, description=(
+        "Port of a turn host's own WebSocket front (behind a load balancer); 0: no front."))
+    turn_host_peer_port: int = Field(8081, ge=1, le=65_535, description=(
+        "Port of a turn host's internal endpoint where other hosts post frames for its sockets (with a front)."))
+    turn_host_address: str = Field("", description=(
+        "The private address other hosts reach a turn host's internal endpoint at; empty: the ECS task's "
+        "address from its metadata endpoint, else the host name's."))
     aws_endpoint_url: str | None = Field(None, description=(
         "Endpoint override for DynamoDB/S3/Lambda (moto or LocalStack in tests); unset in AWS."))
     lambda_endpoint_url: str | None = Field(None, description=(

@@ -373,7 +373,9 @@ ASSUMPTION_WHY = {
 # custom metric per line, prorated by the hours it receives data. tests/bench/test_metric_inventory.py
 # checks that this is exactly what the code emits. (function, metric, when it gets data):
 # "lambda" / "host": hours with turns on that tier (a host's heartbeat metric: hours a host runs);
-# "connections", "api", "archive": hours with traffic; "sweep": every hour; "export": one hour a day;
+# "connections", "api", "archive": hours with traffic ("connections": on the API Gateway front; "front":
+# the same metrics from the hosts' own front with WebSocketFront=LoadBalancer); "sweep": every hour;
+# "export": one hour a day;
 # "failure": only hours with a deployment fault (a 5xx, a malformed invoke, a failed dispatch), none
 # in a healthy month. Breakdowns (status, tier, model family, reason, tenant) are log fields.
 TURN_METRICS = ("TurnsRun", "TurnDuration", "TurnErrors", "InputTokens", "OutputTokens")
@@ -382,6 +384,8 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("chat_turn", "InvalidPayloads", "failure"),
     *(("turn_host", name, "host") for name in TURN_METRICS),
     ("turn_host", "HostRunningTurns", "host"),  # the scale-in alarm's metric
+    ("turn_host", "ConnectionsAccepted", "front"),  # WebSocketFront=LoadBalancer: the host's own front
+    ("turn_host", "ConnectionsRefused", "front"),
     ("ws_connect", "ConnectionsAccepted", "connections"),
     ("ws_connect", "ConnectionsRefused", "connections"),
     ("ws_default", "ConnectionsRefused", "connections"),  # auth frames refused or timed out

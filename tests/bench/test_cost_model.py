@@ -169,6 +169,9 @@ def test_custom_metrics_count_one_metric_per_function_and_name() -> None:
     assert m.metric_months(plan) == 6 + 3 + 1 + 1 + 1 + D(30) / HOURS_PER_MONTH
     both = {**plan, "host_hours_share": D("0.5"), "lambda_hours_share": D("0.75")}
     assert m.metric_months(both) == 5 * D("0.75") + 6 * D("0.5") + 3 + 1 + 1 + 1 + D(30) / HOURS_PER_MONTH
+    # behind a load balancer the hosts' front emits the 2 connection metrics instead of ws_connect/ws_default's 3
+    lb = Model(counts(), Assumptions(front="load_balancer"), flat_prices())
+    assert lb.metric_months(plan) == 6 + 2 + 1 + 1 + 1 + D(30) / HOURS_PER_MONTH
 
 
 def test_small_archive_objects_stay_in_s3_standard_and_large_ones_move_to_glacier_ir() -> None:

@@ -14,6 +14,25 @@ from tests.bench.cost_inputs import METRICS, TURN_METRICS
 
 ROOT = Path(__file__).parents[2]
 SOURCES = [*sorted(ROOT.glob("functions/*/handler.py")), ROOT / "shared/agentvm/turnhost/__main__.py"]
+# The WebSocket routes are shared by the ws_* functions and the turn host's front (cloud/ws_routes.py):
+# they emit through the `metric` their caller passes, so each route's metrics belong to both callers.
+ROUTES = ROOT / "shared/agentvm/cloud/ws_routes.py"
+ROUTE_CALLERS = {"connect": ("ws_connect", "turn_host"), "frame": ("ws_default", "turn_host")}
+
+
+def route_metrics() -> set[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    for fn in ast.walk(ast.parse(ROUTES.read_text(encoding="utf-8"))):
+        if not isinstance(fn, ast.AsyncFunctionDef | ast.FunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "metric":
+                first = node.args[0]
+                assert isinstance(first, ast.Constant) and isinstance(first.value, str), ast.dump(node)
+                assert not node.keywords and len(node.args) == 3, f"{fn.name}: {first.value} has dimensions"
+                assert fn.name in ROUTE_CALLERS, f"ws_routes.{fn.name} emits {first.value}: who calls it?"
+                out |= {(caller, first.value) for caller in ROUTE_CALLERS[fn.name]}
+    return out
 
 
 def _function(tree: ast.Module, path: Path) -> str:
@@ -50,7 +69,7 @@ def emitted() -> set[tuple[str, str]]:
                 assert [k.arg for k in node.keywords] == [], f"{path}: {name} has dimensions"
                 assert function, f"{path}: a metric outside an observed function"
                 out.add((function, name))
-    return out
+    return out | route_metrics()
 
 
 def test_the_inventory_is_what_the_code_emits() -> None:
@@ -68,4 +87,7 @@ def test_the_scan_finds_the_known_emitters() -> None:
     """The scan itself works: the metrics alarms and the dashboard rely on are found where they are."""
     found = emitted()
     assert {("chat_turn", "TurnsRun"), ("turn_host", "TurnsRun"), ("turn_host", "HostRunningTurns"),
-            ("http_api", "ServerErrors"), ("turn_sweep", "SweepDispatched")} <= found
+            ("http_api", "ServerErrors"), ("turn_sweep", "SweepDispatched"), ("ws_connect", "ConnectionsAccepted"),
+            ("turn_host", "ConnectionsAccepted")} <= found
+    for handler, route in (("ws_connect", "connect"), ("ws_default", "frame")):  # the routes' callers pass obs.metric
+        assert f"ws_routes.{route}(" in (ROOT / f"functions/{handler}/handler.py").read_text(encoding="utf-8")

@@ -20,6 +20,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.template.conditions import stack
 from tests.template.template_model import (
     CHAT_TURN_STARTERS,
     CONFIG_PARAMETER_ARN,
@@ -249,21 +250,24 @@ def test_no_vpc_nat_or_always_on_capacity() -> None:
     # endpoints; no NAT gateway, no elastic IP, no interface endpoint (each billed by the hour).
     free_network = {"AWS::EC2::VPC", "AWS::EC2::Subnet", "AWS::EC2::InternetGateway", "AWS::EC2::VPCGatewayAttachment",
                     "AWS::EC2::RouteTable", "AWS::EC2::Route", "AWS::EC2::SubnetRouteTableAssociation",
-                    "AWS::EC2::SecurityGroup", "AWS::EC2::VPCEndpoint"}
+                    "AWS::EC2::SecurityGroup", "AWS::EC2::SecurityGroupIngress", "AWS::EC2::VPCEndpoint"}
     for name, resource in _resources().items():
         if resource["Type"].startswith("AWS::EC2::"):
             assert resource["Type"] in free_network, name
-            assert resource.get("Condition") == "HasWorkerImage", name
+            # the load balancer front's security groups (WebSocketFront=LoadBalancer, test_front.py)
+            assert resource.get("Condition") in ("HasWorkerImage", "LoadBalancerFront"), name
             if resource["Type"] == "AWS::EC2::VPCEndpoint":
                 assert resource["Properties"]["VpcEndpointType"] == "Gateway", name
     assert "AWS::EC2::NatGateway" not in types
     # ECS: tasks are started on demand (no instances); the one service is the turn hosts', at 0 tasks
     # unless Application Auto Scaling (minimum 0) adds some
     assert not types & {"AWS::AutoScaling::AutoScalingGroup", "AWS::EC2::Instance", "AWS::ECS::CapacityProvider"}
+    # (with the default WebSocketFront; the load balancer front keeps one task: test_front.py)
     services = _resources("AWS::ECS::Service")
     assert list(services) == ["TurnHostService"]
-    assert services["TurnHostService"]["Properties"]["DesiredCount"] == 0
-    targets = _resources("AWS::ApplicationAutoScaling::ScalableTarget")
+    created, _ = stack(WorkerImageUri="123456789012.dkr.ecr.us-east-1.amazonaws.com/w:1")
+    assert created["TurnHostService"]["Properties"]["DesiredCount"] == 0
+    targets = {name: r for name, r in created.items() if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"}
     assert [t["Properties"]["MinCapacity"] for t in targets.values()] == [0]
     # (ReservedConcurrentExecutions is free: tests/template/test_guard_rails.py)
     forbidden = {"ProvisionedConcurrencyConfig", "ProvisionedConcurrentExecutions", "ProvisionedThroughput",
@@ -271,7 +275,10 @@ def test_no_vpc_nat_or_always_on_capacity() -> None:
     assert not [key for key, _ in _walk(_template()) if key in forbidden]
     expensive = {"AWS::ElasticLoadBalancingV2::LoadBalancer", "AWS::RDS::DBInstance", "AWS::RDS::DBCluster",
                  "AWS::ElastiCache::CacheCluster", "AWS::KMS::Key", "AWS::ApiGateway::RestApi"}
-    assert not types & expensive
+    assert not {r["Type"] for r in created.values()} & expensive
+    # the one exception: the load balancer front, only when asked for (WebSocketFront=LoadBalancer)
+    assert {name for name, r in _resources().items() if r["Type"] in expensive} == {"FrontLoadBalancer"}
+    assert _resource("FrontLoadBalancer")["Condition"] == "LoadBalancerFront"
     stage = _resource("WebSocketStage")["Properties"]
     assert stage["DefaultRouteSettings"]["DetailedMetricsEnabled"] is False
     assert stage["DefaultRouteSettings"]["DataTraceEnabled"] is False
@@ -548,8 +555,9 @@ def test_the_turn_sweep_runs_on_a_schedule_and_only_reads_and_starts_chat_turn()
 
 def test_outputs() -> None:
     outputs = _template()["Outputs"]
-    assert _text(outputs["WebSocketUrl"]["Value"]).startswith("wss://${WebSocketApi}.execute-api.")
-    assert _text(outputs["WebSocketUrl"]["Value"]).endswith("/${WebSocketStageName}")
+    _, default = stack()  # WebSocketFront=LoadBalancer names the load balancer instead (test_front.py)
+    assert _text(default["WebSocketUrl"]["Value"]).startswith("wss://${WebSocketApi}.execute-api.")
+    assert _text(default["WebSocketUrl"]["Value"]).endswith("/${WebSocketStageName}")
     assert _text(outputs["HttpApiUrl"]["Value"]).startswith("https://${HttpApi}.execute-api.")
     assert outputs["TableName"]["Value"] == {"Ref": "Table"}
     assert outputs["BucketName"]["Value"] == {"Ref": "Bucket"}

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from agentvm.adapters.aws.cloud_fanout import CloudFanout
     from agentvm.adapters.aws.dynamodb_turn_hosts import DynamoDBTurnHosts
     from agentvm.adapters.aws.ecs_tasks import EcsContainerTier
+    from agentvm.adapters.aws.routed_gateway import LocalSockets, RoutedGateway
     from agentvm.adapters.aws.sqs_turn_queue import SqsTurnQueue
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
@@ -139,7 +140,26 @@ class CloudRuntime:
             if settings.history_cache_mb > 0 else None
 
     @functools.cached_property
-    def gateway(self) -> ApiGatewayGateway:
+    def gateway(self) -> ApiGatewayGateway | RoutedGateway:
+        """Where frames to connections go: API Gateway's management API; with a turn-host tier also
+        the sockets of the hosts' own fronts (`h-…` connection ids, adapters/aws/routed_gateway.py).
+        A turn host with a front replaces it with one that knows its own sockets (`use_front`)."""
+        if not self.settings.turn_queue_url:
+            return self.api_gateway
+        from agentvm.adapters.aws.routed_gateway import RoutedGateway
+
+        return RoutedGateway(lambda: self.api_gateway, self.turn_hosts)
+
+    def use_front(self, *, local: LocalSockets, dispatcher: Dispatcher) -> None:
+        """The turn host's own WebSocket front (turnhost/front.py): frames to its sockets (`local`) go
+        straight to them, turns of its connections start with `dispatcher` (on the host when it has room)."""
+        from agentvm.adapters.aws.routed_gateway import RoutedGateway
+
+        self.__dict__["gateway"] = RoutedGateway(lambda: self.api_gateway, self.turn_hosts, local=local)
+        self.__dict__["dispatcher"] = dispatcher
+
+    @functools.cached_property
+    def api_gateway(self) -> ApiGatewayGateway:
         s = self.settings
         if not s.ws_endpoint:
             raise InvalidRequest("AVM_WS_ENDPOINT is not set: cannot post to WebSocket connections",
