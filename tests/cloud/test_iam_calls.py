@@ -26,10 +26,13 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from agentvm.adapters.aws.botocore_async import dummy_session
+from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
 from tests.aws_fixtures import REGION, moto_table, put_new_key, without_agentvm_env
+from tests.cloud.test_container_tier import Cloud as ContainerCloud
+from tests.cloud.test_container_tier import cloud, data
 from tests.cloud.test_handlers import http_event
 from tests.support import aws_calls
 from tests.support.aws_calls import RECORDER, Call
@@ -38,6 +41,8 @@ from tests.support.role_policies import Stack, denied
 from tests.support.stock_client import StockClient
 from tests.support.turn_hosts import InProcessHost, create_queue, queue_depth
 from tests.template.template_model import _sam_transformed, _template
+
+__all__ = ["cloud", "data"]  # the container-tier test's fixtures, reused
 
 TENANT = "t-iam"
 
@@ -62,23 +67,28 @@ async def deployment(aws_env: None, moto_endpoint: str, monkeypatch: pytest.Monk
                      ) -> AsyncIterator[Deployment]:
     """A stack's table, bucket and config path on moto, the handlers' environment set as the template sets it."""
     without_agentvm_env(monkeypatch)
-    aws_calls.install()  # before any client of the code under test exists
-    RECORDER.clear()
     bucket = f"agentvm-{uuid.uuid4().hex[:12]}"
     s3: Any = dummy_session(REGION).create_client("s3", endpoint_url=moto_endpoint, region_name=REGION)
     s3.create_bucket(Bucket=bucket)
     s3.close()
+    # the LLM key in Secrets Manager, as LlmSecretArn names it (read, then handed to the offline driver)
+    secrets: Any = dummy_session(REGION).create_client("secretsmanager", endpoint_url=moto_endpoint,
+                                                       region_name=REGION)
+    secret_arn = secrets.create_secret(Name=f"agentvm/llm-{uuid.uuid4().hex[:8]}", SecretString="sk-ant-iam")["ARN"]
+    secrets.close()
+    offline = cloud_runtime.build_driver
+    monkeypatch.setattr(cloud_runtime, "build_driver", lambda settings, api_key: offline(settings, None))
     async with moto_table(moto_endpoint) as store:
-        stack = Stack(name=f"avm-iam-{uuid.uuid4().hex[:8]}", table=store.table_name, bucket=bucket)
+        stack = Stack(name=f"avm-iam-{uuid.uuid4().hex[:8]}", table=store.table_name, bucket=bucket,
+                      llm_secret_arn=secret_arn)
         _, token = await put_new_key(store, TENANT)
         operator_key, operator = new_key("ops", ("operator",))
-        from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
         await DynamoDBKeys(store).put_key(operator_key)
-        for name, value in {"AVM_TABLE_NAME": store.table_name, "AVM_BUCKET": bucket,
-                            "AVM_CONFIG_PATH": stack.config_path, "AVM_AWS_ENDPOINT_URL": moto_endpoint,
-                            "AVM_WS_ENDPOINT": moto_endpoint, "AVM_RELIABLE_WRAPPER": "false",
-                            "AVM_STREAM_FLUSH_MS": "0",
-                            "AVM_CHAT_TURN_FUNCTION": f"{stack.chat_turn_function}:live"}.items():
+        env = {"AVM_TABLE_NAME": store.table_name, "AVM_BUCKET": bucket, "AVM_CONFIG_PATH": stack.config_path,
+               "AVM_LLM_SECRET_ARN": secret_arn, "AVM_AWS_ENDPOINT_URL": moto_endpoint,
+               "AVM_WS_ENDPOINT": moto_endpoint, "AVM_RELIABLE_WRAPPER": "false", "AVM_STREAM_FLUSH_MS": "0",
+               "AVM_CHAT_TURN_FUNCTION": f"{stack.chat_turn_function}:live"}
+        for name, value in env.items():
             monkeypatch.setenv(name, value)
         cloud_runtime.reset()
         try:
@@ -126,7 +136,7 @@ async def test_the_websocket_functions_and_chat_turn_make_only_allowed_calls(
     assert len(edge.calls("chat_turn")) == 1
     assert {"dynamodb:PutItem", "dynamodb:GetItem"} <= operations("ws_connect")
     assert "lambda:Invoke" in operations("ws_default")
-    assert "apigatewaymanagementapi:PostToConnection" in operations("chat_turn")
+    assert {"apigatewaymanagementapi:PostToConnection", "secretsmanager:GetSecretValue"} <= operations("chat_turn")
     assert "dynamodb:DeleteItem" in operations("ws_disconnect") or "dynamodb:BatchWriteItem" in operations(
         "ws_disconnect")
     assert_allowed(template, d.stack, "ws_connect", "ws_default", "chat_turn", "ws_disconnect")
@@ -156,7 +166,8 @@ async def test_the_turn_host_and_the_dispatcher_that_feeds_it_make_only_allowed_
             await asyncio.to_thread(host.stop)
     assert edge.calls("chat_turn") == [], "the turn ran on chat_turn, not on the host"
     assert "sqs:SendMessage" in operations("ws_default")
-    assert {"sqs:ReceiveMessage", "apigatewaymanagementapi:PostToConnection"} <= operations("turn_host")
+    assert {"sqs:ReceiveMessage", "sqs:DeleteMessageBatch", "apigatewaymanagementapi:PostToConnection",
+            "secretsmanager:GetSecretValue"} <= operations("turn_host")
     assert_allowed(template, stack, "ws_default", "turn_host")
 
 
@@ -241,7 +252,8 @@ async def test_chat_stream_makes_only_allowed_calls(deployment: Deployment, temp
             assert put.status_code == 200, put.text
             assert (await http.delete("/v1/config/llm.model", headers=ops)).status_code == 200
         await cloud_runtime.runtime().store.close()
-    assert {"ssm:PutParameter", "ssm:DeleteParameter", "dynamodb:UpdateItem"} <= operations("chat_stream")
+    assert {"ssm:PutParameter", "ssm:DeleteParameter", "dynamodb:UpdateItem",
+            "secretsmanager:GetSecretValue"} <= operations("chat_stream")
     assert_allowed(template, d.stack, "chat_stream")
 
 
@@ -284,6 +296,30 @@ def _history_items(d: Deployment, session_id: str) -> list[dict[str, Any]]:
     return [i for i in items if i["PK"]["S"] == pk and i["SK"]["S"].startswith(("MSG#", "TURN#"))]
 
 
+# ------------------------------------------------------------------------------------ the container tier
+
+async def test_chat_turn_escalating_to_the_container_tier_makes_only_allowed_calls(
+        cloud: ContainerCloud, template: dict[str, Any]) -> None:
+    """A tool turn: chat_turn stops at the first sandbox tool and starts the container's task (the
+    worker's own calls are TenantWorkerRole's: tests/cloud/test_tenant_scope.py)."""
+    [definition] = (await cloud.ecs.list_task_definitions())["taskDefinitionArns"][-1:]
+    async with StockClient(cloud.edge.url, ack=False) as client:
+        image = await client.new_image("c-iam-tools", tools=["bash", "read_file", "write_file"])
+        start = len(client.events)
+        await client.request("message_send_request", {"imageId": image["imageId"], "content": "use the tools"})
+        await client.wait_for(lambda e: e.get("type") == "tool_call_message", 10, start)
+        await cloud.edge.settle(include_invokes=True)
+    assert len((await cloud.ecs.list_tasks(cluster=cloud.cluster))["taskArns"]) == 1
+    assert "ecs:RunTask" in operations("chat_turn")
+    stack = Stack(name="avm-iam-ct", table=cloud.store.table_name, bucket=cloud.bucket, worker_cluster=cloud.cluster,
+                  worker_task_definition=definition)
+    assert_allowed(template, stack, "ws_connect", "ws_default", "chat_turn")
+    # the grant is the container tier's: without it (no WorkerImageUri) the same calls are refused
+    refused = denied(RECORDER.calls("chat_turn"), template, Stack(**{**stack.__dict__,
+                                                                     "conditions": {"HasWorkerImage": False}}))
+    assert [p.split(" on ")[0] for p in refused] == ["chat_turn: ecs:RunTask", "chat_turn: ecs:TagResource"]
+
+
 # ------------------------------------------------------------------------------------ the check can fail
 
 def _without(template: dict[str, Any], role: str, sid: str) -> dict[str, Any]:
@@ -314,6 +350,9 @@ async def test_a_permission_removed_from_the_role_fails_the_check(deployment: De
 
 
 @pytest.fixture(autouse=True)
-def _no_leftover_calls() -> Iterator[None]:
+def _recorder() -> Iterator[None]:
+    """Installed before any fixture builds a client; each test sees its own calls only."""
+    aws_calls.install()
+    RECORDER.clear()
     yield
     RECORDER.clear()

@@ -271,6 +271,10 @@ def _function_arn(name: str, qualifier: str | None) -> str:
     return f"{name}:{qualifier}" if qualifier else name
 
 
+def _ecs_arn(kind: str, name: str) -> str:
+    return name if name.startswith("arn:") else f"arn:aws:ecs:{REGION}:{ACCOUNT}:{kind}/{name}"
+
+
 def _queue_arn(url: str) -> str:
     """`https://sqs.<region>.amazonaws.com/<account>/<name>` (or moto's `http://host:port/...`) as an ARN."""
     account, name = url.rstrip("/").split("/")[-2:]
@@ -343,6 +347,14 @@ def authorizations(service: str, operation: str, params: Mapping[str, Any], *,
                           "GetQueueAttributes", "GetQueueUrl"):
             raise Unsupported(f"sqs:{operation}")
         return [Check(f"sqs:{action}", _queue_arn(p["QueueUrl"]))]
+    if service == "ecs" and operation == "RunTask":
+        cluster = _ecs_arn("cluster", p.get("cluster", "default"))
+        definition = _ecs_arn("task-definition", p["taskDefinition"])
+        checks = [Check("ecs:RunTask", definition, {"ecs:cluster": (cluster,)})]
+        if p.get("tags") or p.get("propagateTags"):  # tags on the new task: tag-on-create
+            task = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{cluster.rsplit('/', 1)[-1]}/new-task"
+            checks.append(Check("ecs:TagResource", task, {"ecs:CreateAction": ("RunTask",)}))
+        return checks
     if service == "secretsmanager" and operation == "GetSecretValue":
         return [Check("secretsmanager:GetSecretValue", p["SecretId"])]
     if service == "sts" and operation == "AssumeRole":

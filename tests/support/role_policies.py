@@ -39,6 +39,8 @@ class Stack:
     ws_api: str = "wsapi"
     ws_stage: str = "live"
     llm_secret_arn: str = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:agentvm/llm-AbCdEf"
+    worker_cluster: str = "agentvm-workers"
+    worker_task_definition: str = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/agentvm-worker:1"
     conditions: Mapping[str, bool] = field(default_factory=dict)  # absent: true
 
     @property
@@ -58,7 +60,9 @@ class Stack:
             "TurnQueue.Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{self.turn_queue}",
             "TurnQueue": f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{self.turn_queue}",
             "ArchiveFailures.Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{self.name}-ArchiveFailures",
-            "LlmSecretArn": self.llm_secret_arn,
+            "LlmSecretArn": self.llm_secret_arn, "WorkerCluster": self.worker_cluster,
+            "WorkerCluster.Arn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{self.worker_cluster}",
+            "WorkerTaskDefinition": self.worker_task_definition,
         }
 
 
@@ -125,20 +129,33 @@ def role_name(function: str, template: Mapping[str, Any]) -> str:
     return str(role["Fn::GetAtt"][0])
 
 
-def role_documents(function: str, template: Mapping[str, Any]) -> list[Any]:
+def role_documents(function: str, template: Mapping[str, Any],
+                   conditions: Mapping[str, bool] | None = None) -> list[Any]:
     """The unresolved policy documents of the function's role: inline ones, and AWS::IAM::Policy /
     RolePolicy resources attached to it."""
     resources = template["Resources"]
+    conditions = conditions or {}
     role = role_name(function, template)
     if role not in resources and function in LOGICAL_IDS:  # untransformed template
         return [p for p in resources[LOGICAL_IDS[function]]["Properties"].get("Policies", [])]
     documents = [p["PolicyDocument"] for p in resources[role]["Properties"].get("Policies", [])]
     for resource in resources.values():
         props = resource.get("Properties", {})
-        if resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::RolePolicy") and (
-                {"Ref": role} in props.get("Roles", []) or props.get("RoleName") == {"Ref": role}):
+        if resource["Type"] not in ("AWS::IAM::Policy", "AWS::IAM::RolePolicy") or (
+                "Condition" in resource and not conditions.get(resource["Condition"], True)):
+            continue
+        roles = resolve([*props.get("Roles", []), props.get("RoleName", {"Ref": "AWS::NoValue"})],
+                        _Names(), conditions)
+        if role in roles:
             documents.append(props["PolicyDocument"])
     return documents
+
+
+class _Names(dict[str, str]):
+    """`Ref` X resolves to X: which roles a policy names."""
+
+    def get(self, key: str, default: Any = None) -> str:  # type: ignore[override]
+        return key
 
 
 def denied(calls: Iterable[Call], template: Mapping[str, Any], stack: Stack) -> list[str]:
@@ -149,8 +166,8 @@ def denied(calls: Iterable[Call], template: Mapping[str, Any], stack: Stack) -> 
     out: list[str] = []
     for call in calls:
         if call.function not in policies:
-            policies[call.function] = [resolve(d, refs, stack.conditions) for d in role_documents(call.function,
-                                                                                                    template)]
+            documents = role_documents(call.function, template, stack.conditions)
+            policies[call.function] = [resolve(d, refs, stack.conditions) for d in documents]
         role = role_name(call.function, template)
         principal = Principal(f"arn:aws:iam::{ACCOUNT}:role/{stack.name}-{role}")
         for check in authorizations(call.service, call.operation, call.params, ws_api=stack.ws_api,
