@@ -47,6 +47,13 @@ __all__ = ["cloud", "data"]  # the container-tier test's fixtures, reused
 TENANT = "t-iam"
 
 
+@pytest.fixture(autouse=True)
+def _recorder() -> Iterator[None]:
+    """Installed before any fixture builds a client; each test sees its own calls only."""
+    with aws_calls.recording():
+        yield
+
+
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
     """The template CloudFormation gets (SAM transformed); the source template without the SAM CLI venv."""
@@ -347,12 +354,3 @@ async def test_a_permission_removed_from_the_role_fails_the_check(deployment: De
     # a grant on another stack's path is no grant: the resource pattern is checked, not only the action
     other = Stack(**{**d.stack.__dict__, "name": d.stack.name + "-other"})
     assert any("ssm:PutParameter" in p for p in denied(RECORDER.calls("http_api"), template, other))
-
-
-@pytest.fixture(autouse=True)
-def _recorder() -> Iterator[None]:
-    """Installed before any fixture builds a client; each test sees its own calls only."""
-    aws_calls.install()
-    RECORDER.clear()
-    yield
-    RECORDER.clear()

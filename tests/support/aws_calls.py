@@ -6,7 +6,8 @@ operation, parameters) with the function that made it. Which function that is co
 variable: `invoking(label)` sets it around a handler invocation (`cloud_edge` wraps every handler
 module it loads, the in-process turn host sets it on its thread), and the adapters' calls run in
 the caller's context on the AWS thread pool (botocore_async). Calls made outside an invocation (the
-tests' own set-up and reads) are not recorded.
+tests' own set-up and reads) are not recorded, nor anything outside `recording()` (other tests run
+the same handlers and keep nothing).
 
 `tests/support/role_policies.py` checks the recorded calls against each function's role.
 """
@@ -40,10 +41,11 @@ class Recorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls: list[Call] = []
+        self.active = False  # recording at all: only while a test that checks the calls runs
 
     def on_params(self, params: dict[str, Any], model: Any, **_: Any) -> None:
         function = CURRENT.get()
-        if function is None:
+        if function is None or not self.active:
             return
         call = Call(function, model.service_model.service_name, model.name,
                     {k: v for k, v in params.items() if k not in _BODIES})
@@ -62,6 +64,19 @@ class Recorder:
 RECORDER = Recorder()
 _installed: list[Any] = []
 _install_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recorder]:
+    """Record (from empty) while the block runs; the hook is installed first."""
+    recorder = install()
+    recorder.clear()
+    recorder.active = True
+    try:
+        yield recorder
+    finally:
+        recorder.active = False
+        recorder.clear()
 
 
 def install() -> Recorder:
