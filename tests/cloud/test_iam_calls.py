@@ -30,10 +30,15 @@ from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
+from agentvm.domain.models import TurnStatus
+from agentvm.hosting.turn_sweep import SWEEP_GRACE_MS
+from agentvm.ids import now_ms
 from tests.aws_fixtures import REGION, moto_table, put_new_key, without_agentvm_env
 from tests.cloud.test_container_tier import Cloud as ContainerCloud
 from tests.cloud.test_container_tier import cloud, data
 from tests.cloud.test_handlers import http_event
+from tests.cloud.test_turn_sweep import TENANT as SWEEP_TENANT
+from tests.cloud.test_turn_sweep import _queued_turn
 from tests.support import aws_calls
 from tests.support.aws_calls import RECORDER, Call
 from tests.support.cloud_edge import cloud_edge, load_handler
@@ -154,9 +159,11 @@ async def test_the_turn_host_and_the_dispatcher_that_feeds_it_make_only_allowed_
     d = deployment
     queue_url = create_queue(d.moto, d.stack.turn_queue + "-" + uuid.uuid4().hex[:8])
     stack = Stack(**{**d.stack.__dict__, "turn_queue": queue_url.rsplit("/", 1)[-1]})
-    # poll 0: moto serves one request at a time, a long poll would hold every other call
+    # poll 0: moto serves one request at a time, a long poll would hold every other call; the host
+    # never refuses for CPU here (the busy test process is not its load)
     for name, value in {"AVM_TURN_QUEUE_URL": queue_url, "AVM_TURN_HOST_POLL_S": "0",
-                        "AVM_TURN_HOST_HEARTBEAT_S": "1"}.items():
+                        "AVM_TURN_HOST_HEARTBEAT_S": "1", "AVM_TURN_HOST_VCPU": "64",
+                        "AVM_TURN_HOST_MAX_CPU": "1"}.items():
         monkeypatch.setenv(name, value)
     async with cloud_edge(moto_endpoint=d.moto, token=d.token, table_name=stack.table) as edge:
         for name, value in edge.handler_env().items():
@@ -164,18 +171,50 @@ async def test_the_turn_host_and_the_dispatcher_that_feeds_it_make_only_allowed_
         host = await asyncio.to_thread(InProcessHost().start)
         try:
             await _ws_scenario(d, edge.url)
+            await _until_idle(host, d.moto, queue_url, taken=1)
+            # a queued turn whose dispatch was lost: the sweep (past the grace) reads the host directory
+            # and starts a runner (the host when its record says it takes turns, else chat_turn)
+            rt = await cloud_runtime.runtime().ready()
+            session_id, _, _ = await _queued_turn(rt, "c-iam-sweep")
+            await rt.store.close()
+            sweep = load_handler("turn_sweep")
+            sweep.now_ms = lambda: now_ms() + SWEEP_GRACE_MS + 1000  # type: ignore[attr-defined]
+            report = await asyncio.to_thread(sweep.handler, {}, None)
+            assert (report["sessions"], report["dispatched"], report["failed"]) == (1, 1, 0), report
+            await _until_completed(d.store, SWEEP_TENANT, session_id)
             await edge.settle(include_invokes=True, timeout=30)
-            deadline = time.monotonic() + 30
-            while not (host.idle() and await asyncio.to_thread(queue_depth, d.moto, queue_url) == 0):
-                assert time.monotonic() < deadline, "the turn host did not become idle"
-                await asyncio.sleep(0.05)
+            await _until_idle(host, d.moto, queue_url, taken=1)
         finally:
             await asyncio.to_thread(host.stop)
-    assert edge.calls("chat_turn") == [], "the turn ran on chat_turn, not on the host"
     assert "sqs:SendMessage" in operations("ws_default")
     assert {"sqs:ReceiveMessage", "sqs:DeleteMessageBatch", "apigatewaymanagementapi:PostToConnection",
             "secretsmanager:GetSecretValue"} <= operations("turn_host")
-    assert_allowed(template, stack, "ws_default", "turn_host")
+    # the host directory (PK TURNHOST) is read under the dynamodb:LeadingKeys condition of ListTurnHosts
+    swept = operations("turn_sweep")
+    assert {"dynamodb:Query", "dynamodb:GetItem"} <= swept and swept & {"sqs:SendMessage", "lambda:Invoke"}
+    ran = [f for f in ("ws_default", "turn_host", "turn_sweep", "chat_turn") if recorded(f)]
+    assert ran[:3] == ["ws_default", "turn_host", "turn_sweep"]
+    assert_allowed(template, stack, *ran)
+
+
+async def _until_completed(store: DynamoDBStore, tenant_id: str, session_id: str) -> None:
+    deadline = time.monotonic() + 30
+    while not (turns := await store.list_turns(tenant_id, session_id)) or any(
+            t.status != TurnStatus.COMPLETED for t in turns):
+        assert time.monotonic() < deadline, f"the swept session's turns did not complete: {turns}"
+        await asyncio.sleep(0.05)
+
+
+async def _until_idle(host: InProcessHost, moto: str, queue_url: str, *, taken: int) -> None:
+    """Until the host has taken `taken` session runs in all, finished them, and the queue is empty
+    (an empty queue alone is not enough: the host takes what it received after deleting it)."""
+    assert host.host is not None
+    deadline = time.monotonic() + 30
+    while not (host.host.counts.taken >= taken and host.idle()
+               and await asyncio.to_thread(queue_depth, moto, queue_url) == 0):
+        assert time.monotonic() < deadline, (f"the turn host did not take {taken} runs and become idle: "
+                                             f"{host.host.counts}, running {list(host.host.running)}")
+        await asyncio.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------ HTTP functions
