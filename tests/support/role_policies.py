@@ -136,9 +136,10 @@ def role_documents(function: str, template: Mapping[str, Any],
     resources = template["Resources"]
     conditions = conditions or {}
     role = role_name(function, template)
-    if role not in resources and function in LOGICAL_IDS:  # untransformed template
-        return [p for p in resources[LOGICAL_IDS[function]]["Properties"].get("Policies", [])]
-    documents = [p["PolicyDocument"] for p in resources[role]["Properties"].get("Policies", [])]
+    if role not in resources and function in LOGICAL_IDS:  # untransformed: the function's own statements
+        documents = list(resources[LOGICAL_IDS[function]]["Properties"].get("Policies", []))
+    else:
+        documents = [p["PolicyDocument"] for p in resources[role]["Properties"].get("Policies", [])]
     for resource in resources.values():
         props = resource.get("Properties", {})
         if resource["Type"] not in ("AWS::IAM::Policy", "AWS::IAM::RolePolicy") or (
