@@ -12,6 +12,7 @@ from typing import Any
 
 from agentvm.adapters.aws.botocore_async import dummy_session
 from agentvm.turnhost.host import TurnHost
+from tests.support import aws_calls
 
 REGION = "us-east-1"
 
@@ -78,6 +79,8 @@ class InProcessHost:
         from agentvm.turnhost.__main__ import build, new_front, start_front
         from tests.support.cloud_edge import _teardown_environment
 
+        aws_calls.install()
+        token = aws_calls.CURRENT.set("turn_host")  # its AWS calls are the task role's
         try:
             self.loop = cloud_runtime.loop()
             rt = cloud_runtime.runtime()
@@ -99,3 +102,4 @@ class InProcessHost:
             self.error = exc
         finally:
             _teardown_environment()
+            aws_calls.CURRENT.reset(token)

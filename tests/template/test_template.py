@@ -24,6 +24,7 @@ from tests.template.conditions import stack
 from tests.template.template_model import (
     CHAT_TURN_STARTERS,
     CONFIG_PARAMETER_ARN,
+    CONFIG_WRITERS,
     FUNCTIONS,
     LAYER_MUST_HAVE,
     LAYER_REQUIREMENTS,
@@ -429,8 +430,9 @@ def test_policies_are_least_privilege(name: str) -> None:
                     assert re.fullmatch(r"\$\{Bucket\.Arn\}/[a-z]+/\*", text), f"{name}: whole bucket {text}"
             elif service == "ssm":
                 reads = {"ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath"}
-                # only the management API writes the config center's runtime layer, and only under its path
-                writes = {"ssm:PutParameter", "ssm:DeleteParameter"} if name == "HttpApiFunction" else set()
+                # only the HTTP apps (http_api, chat_stream: PUT/DELETE /v1/config/{key}) write the config
+                # center's runtime layer, and only under its path
+                writes = {"ssm:PutParameter", "ssm:DeleteParameter"} if name in CONFIG_WRITERS else set()
                 assert set(actions) <= reads | writes, f"{name}: {actions}"
                 if set(actions) & writes:
                     assert text == CONFIG_PARAMETER_ARN + "/*", f"{name}: writes {text}"

@@ -217,7 +217,7 @@ def test_the_turn_host_task_role_is_exactly_what_a_turn_needs() -> None:
         ("LargePayloads", ("s3:GetObject", "s3:PutObject")): ["${Bucket.Arn}/blobs/*", "${Bucket.Arn}/tmp/*"],
         ("ReadHistoryArchive", ("s3:GetObject",)): ["${Bucket.Arn}/archive/*"],
         ("MissingKeysAre404", ("s3:ListBucket",)): ["${Bucket.Arn}"],
-        ("TakeTurns", ("sqs:DeleteMessage", "sqs:DeleteMessageBatch", "sqs:ReceiveMessage")): ["${TurnQueue.Arn}"],
+        ("TakeTurns", ("sqs:DeleteMessage", "sqs:ReceiveMessage")): ["${TurnQueue.Arn}"],
         ("FallBackToChatTurn", ("lambda:InvokeFunction",)): ["${ChatTurnFunction.Alias}"],
         ("ReadConfig", ("ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath")): config,
         ("ReadLlmKey", ("secretsmanager:GetSecretValue",)): ["${LlmSecretArn}"],
