@@ -175,6 +175,7 @@ def test_index_writes_follow_the_turn_lifecycle() -> None:
     queued = {"PK": {"S": "SESS#t#s"}, "SK": {"S": "TURN#1"}, "G3PK": {"S": "TURN#t#1"}, "SPK": {"S": "TURN#q#1"},
               "status": {"S": "queued"}}
     done = {"PK": {"S": "SESS#t#s"}, "SK": {"S": "TURN#1"}, "G3PK": {"S": "TURN#t#1"}, "status": {"S": "completed"}}
+    logged = {**done, "G1PK": {"S": "TENANT#t#TURN"}}  # a finished turn in the tenant's turn log
     message = {"PK": {"S": "SESS#t#s"}, "SK": {"S": "MSG#m1"}}
     image = {"PK": {"S": "IMG#t#i"}, "SK": {"S": "IMG"}, "G1PK": {"S": "a"}, "G2PK": {"S": "b"}}
-    assert [index_units(i) for i in (queued, done, message, image)] == [2, 1, 0, 2]
+    assert [index_units(i) for i in (queued, done, logged, message, image)] == [2, 1, 2, 0, 2]
