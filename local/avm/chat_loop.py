@@ -14,6 +14,8 @@ import threading
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from prompt_toolkit.application import run_in_terminal
+
 from agentvm_client import AgentVMClient, ClientError, ConnectionLost, RequestFailed, RequestTimeout
 from agentvm_client.management import ManagementClient
 
@@ -61,7 +63,7 @@ class ChatLoop:
                 if not text:
                     continue
                 if Commands.is_command(text):
-                    await self._race(commands.run(text))
+                    await self._command(commands, text, loop)
                 else:
                     await self._send(commands.where, text, loop)
                 if self._client.failed is not None:
@@ -94,6 +96,22 @@ class ChatLoop:
         if not isinstance(image_id, str) or not image_id:
             raise ClientError("the server did not return an image id")
         return Conversation(container, image_id)
+
+    async def _command(self, commands: Commands, text: str, loop: asyncio.AbstractEventLoop) -> None:
+        """Run a command; Ctrl-C while it waits (a slow server) cancels it, not the chat."""
+        task = asyncio.ensure_future(commands.run(text))
+        sigint = _install_sigint(loop, task.cancel)
+        try:
+            await self._race(asyncio.wait({task}))
+        finally:
+            if sigint:
+                loop.remove_signal_handler(signal.SIGINT)
+            if not task.done():
+                task.cancel()
+        if task.cancelled():
+            self._screen.notice("(cancelled)")
+        else:
+            task.result()  # Exit, or a bug
 
     async def _send(self, where: Conversation, text: str, loop: asyncio.AbstractEventLoop) -> None:
         turn = self._turn = self._screen.renderer()
@@ -163,6 +181,8 @@ class ChatLoop:
     def _notice(self, text: str) -> None:
         if self._turn is not None:
             self._turn.notice(text)
+        elif self._screen.rich:  # above the prompt, which is redrawn below it
+            run_in_terminal(lambda: self._screen.notice(text))
         else:
             self._screen.notice(text)
 
