@@ -142,6 +142,8 @@ class RichTurn(TurnRenderer):
     def _end_text(self) -> None:
         if self._text is not None:
             self._text.stop()  # its last refresh prints the whole text, however tall
+            if not self._console.is_terminal:  # Live ends its last line only on a terminal
+                self._console.line()
             self._text = None
             self._buffer = ""
 
