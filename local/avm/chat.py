@@ -24,13 +24,8 @@ from typing import TextIO
 from urllib.parse import parse_qs, urlsplit
 
 from agentvm.config import ClientSettings
-from agentvm_client import AgentVMClient, ConnectError
-from agentvm_client.management import ManagementClient, http_base, ws_url_for
 
-from .chat_commands import KEYS_HELP
-from .chat_input import LineInput, PipeInput, TerminalInput, default_history_path
-from .chat_loop import ChatLoop
-from .chat_render import Screen
+from .chat_keys import KEYS_HELP, default_history_path
 
 DEFAULT_URL = "ws://127.0.0.1:8080/ws"
 
@@ -88,6 +83,14 @@ def shown(url: str) -> str:
 async def run_chat(args: argparse.Namespace, *, stdin_fd: int | None = None, stdout: TextIO | None = None,
                    stderr: TextIO | None = None) -> int:
     """Run the chat. Returns 0 on a clean exit, 1 when the server cannot be reached or refuses."""
+    # loaded here: every `avm` command registers this one (prompt_toolkit and rich take ~0.4 s)
+    from agentvm_client import AgentVMClient, ConnectError
+    from agentvm_client.management import ManagementClient, http_base, ws_url_for
+
+    from .chat_input import LineInput, PipeInput, TerminalInput
+    from .chat_loop import ChatLoop
+    from .chat_render import Screen
+
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     fd = stdin_fd if stdin_fd is not None else sys.stdin.fileno()

@@ -18,7 +18,7 @@ import httpx
 from agentvm_client import AgentVMClient, ClientError
 from agentvm_client.management import ManagementClient, ManagementError
 
-from .chat_input import MULTILINE_HELP
+from .chat_keys import KEYS_HELP
 from .chat_render import Screen, describe_message
 
 COMMANDS = (
@@ -30,7 +30,6 @@ COMMANDS = (
     ("/help", "show this help"),
     ("/exit", "leave (also /quit, or Ctrl-D)"),
 )
-KEYS_HELP = f"Ctrl-C interrupts a reply (at the prompt: clears the line); {MULTILINE_HELP}."
 
 
 def help_text() -> str:

@@ -18,14 +18,6 @@ from prompt_toolkit import PromptSession
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
-MULTILINE_HELP = "Alt-Enter (or Esc Enter), or a trailing \\ then Enter, starts a new line"
-
-
-def default_history_path() -> Path:
-    """$XDG_DATA_HOME/agentvm/chat-history (by default ~/.local/share/agentvm/chat-history)."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "agentvm" / "chat-history"
-
 
 class LineInput:
     async def read(self) -> str | None:
