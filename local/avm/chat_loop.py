@@ -45,6 +45,8 @@ class ChatLoop:
         try:
             where = await self._setup()
         except ClientError as exc:
+            # a server that closes the connection at its first request (no key: close 1008) ends here:
+            # the line is "avm chat: " and the client's error, which names the refusal's reason
             self._screen.error(f"avm chat: {exc}")
             return 1
         self._screen.say(f"image: {where.image_id}")
