@@ -28,15 +28,18 @@ async def chat(stdin: str, *argv: str) -> tuple[int, str, str]:
 
 async def test_chat_on_a_stack_with_the_key_in_the_websocket_url(stack: doctor_cloud.Stack) -> None:
     ws = f"{stack.edge.url}?token={stack.token}"
-    code, out, err = await chat("hello\n/new\nagain\n/sessions\n/exit\n", "--url", ws, "--http-url", stack.stream)
+    code, out, err = await chat("hello\n/new\nagain\n/sessions\n/images\n/history\n/exit\n", "--url", ws,
+                                "--http-url", stack.stream)
     assert (code, err.count("\n")) == (0, 1), out + err
     m = re.fullmatch(rf"new session (sess_{ID}) of image (img_{ID})\n", err)
     assert m, err
     new_session, image = m[1], m[2]
     lines = out.splitlines()
     assert lines[:3] == [f"image: {image}", "You said: hello", "You said: again"], out
-    assert len(lines) == 5 and re.fullmatch(rf"  sess_{ID}  [-0-9 :]+  primary", lines[3]), out
+    assert len(lines) == 8 and re.fullmatch(rf"  sess_{ID}  [-0-9 :]+  primary", lines[3]), out
     assert re.fullmatch(rf"\* {new_session}  [-0-9 :]+", lines[4]), out
+    assert re.fullmatch(rf"\* {image}  [-0-9 :]+  New Conversation(  online)?", lines[5]), out
+    assert lines[6:] == ["you: again", "assistant: You said: again"], out  # the new session's conversation
     assert stack.token not in out + err
 
 
