@@ -188,3 +188,4 @@ class ClientSettings(BaseSettings):
 
     url: str = Field("ws://127.0.0.1:8080/ws", description="WebSocket URL of the server.")
     token: SecretStr | None = Field(None, description="API key sent as a Bearer token.")
+    chat_history: Path | None = Field(None, description="File keeping the lines typed in `avm chat`.")
