@@ -107,7 +107,10 @@ class CloudFanout:
         self._remember(session_id, sub)
         self._op("mark", connection_id, session_id)
         if session_id not in self._known_sessions.get(connection_id, frozenset()):
-            self._write(self._record_live(session_id, connection_id))
+            # in the op queue, not beside it: the answer posted after this (image_get_response) leaves
+            # only once the subscription is stored, so an event another runner publishes after the
+            # client has its answer finds the subscription
+            self._op("live", session_id, connection_id)
 
     async def _record_live(self, session_id: str, connection_id: str) -> None:
         since = await self.head_source(session_id) if self.head_source is not None else 0
@@ -259,6 +262,8 @@ class CloudFanout:
                     if cached is not None:
                         self._subs[str(args[0])] = (float("-inf"), cached[1])
                     await self._subscribers(str(args[0]), 1 << 62, forced=bool(args[1]))
+                elif kind == "live":
+                    await self._record_live(str(args[0]), str(args[1]))
                 elif kind == "mark":
                     peer = self._peer(str(args[0]))
                     if len(args) > 2:
