@@ -81,11 +81,13 @@ def _allowed_methods(scope: Scope, routes: Sequence[BaseRoute]) -> list[str]:
 
 
 def validation_problem(errors: Sequence[Any], body: Any) -> tuple[str, str]:
-    """The first problem of a validation: its field's JSON path ('' for the whole body) and what is
+    """The problem of a validation to report: its field's JSON path ('' for the whole body) and what is
     wrong with it, in plain words."""
     if not errors:
         return "", "the request is not valid"
-    first: Mapping[str, Any] = errors[0]
-    if first.get("type") == "json_invalid":  # its location is a character position, not a field
+    if errors[0].get("type") == "json_invalid":  # its location is a character position, not a field
         return "body", "is not valid JSON"
-    return json_path(first.get("loc", ()), body), plain_message(first)
+    # a union's members each add an error: the deepest is the member the input was meant for
+    paths = [json_path(error.get("loc", ()), body) for error in errors]
+    best = max(range(len(errors)), key=lambda i: (paths[i].count(".") + paths[i].count("["), -i))
+    return paths[best], plain_message(errors[best])
