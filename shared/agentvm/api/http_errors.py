@@ -52,14 +52,14 @@ def install_error_handlers(app: FastAPI, routes: Callable[[], Sequence[BaseRoute
         code = HTTP_CODES.get(status, "internal_error" if status >= 500 else "invalid_request")
         field: str | None = None
         headers = exc.headers
-        if status == 404:
-            message = f"no such route: {request.url.path}"
+        if status == 404 and exc.detail == "Not Found":  # Starlette's router: no route has this path
+            message = f"no such route: {request.url.path[:200]}"
         elif status == 405:
             # Starlette's Allow names only the first route of the path: every route's methods are allowed
             allowed = ", ".join(_allowed_methods(request.scope, routes()))
             headers = {**(exc.headers or {}), "allow": allowed}
             headers.pop("Allow", None)
-            message = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
+            message = f"{request.method} is not allowed on {request.url.path[:200]}; allowed: {allowed}"
         elif status == 400:  # FastAPI's answer to a body it cannot read (not UTF-8: not JSON either)
             message, field = "body: cannot be read as JSON text", "body"
         else:
