@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         ClientError,
         ConnectError,
         ConnectionLost,
+        ConnectionRefused,
         RequestFailed,
         RequestTimeout,
     )
@@ -32,6 +33,7 @@ _MODULE_OF = {
     "ClientError": "errors",
     "ConnectError": "errors",
     "ConnectionLost": "errors",
+    "ConnectionRefused": "errors",
     "RequestFailed": "errors",
     "RequestTimeout": "errors",
     "Event": "frames",
@@ -49,6 +51,7 @@ __all__ = [
     "ClientError",
     "ConnectError",
     "ConnectionLost",
+    "ConnectionRefused",
     "Event",
     "EventHandler",
     "Hook",

@@ -57,6 +57,7 @@ from agentvm_client.errors import (
     ClientError,
     ConnectError,
     ConnectionLost,
+    ConnectionRefused,
     RequestFailed,
     RequestTimeout,
 )
@@ -92,6 +93,7 @@ _CLOSE_TIMEOUT_S = 2.0
 _DRAIN_TIMEOUT_S = 2.0  # how long close() lets handlers finish events already received
 _MIN_BACKOFF_S = 0.01  # never retry in a tight loop
 _AUTH_REJECTED = frozenset({401, 403})
+_POLICY_VIOLATION = 1008  # the server's close when it refuses the client (its API key): not retried
 _BATCH_QUERY = ("frames", "batch")  # docs/protocol.md, "Batched frames"
 
 
@@ -103,6 +105,17 @@ def _with_query(url: str, param: tuple[str, str]) -> str:
         return url
     joined = f"{base}{'&' if query else ('' if base.endswith('?') else '?')}{param[0]}={param[1]}"
     return f"{joined}#{fragment}" if fragment else joined
+
+
+def _error_message(body: bytes | bytearray | None) -> str:
+    """The message of an answer in the API's error shape (`{"error": {"message"}}`), or its text."""
+    if not body:
+        return ""
+    try:
+        error = orjson.loads(body).get("error")
+        return str(error["message"])[:300] if isinstance(error, dict) and error.get("message") else ""
+    except (orjson.JSONDecodeError, AttributeError):
+        return bytes(body[:300]).decode("utf-8", "replace").strip()
 
 
 async def _call(fn: Callable[..., Awaitable[None] | None], *args: Any, what: str) -> None:
@@ -183,6 +196,7 @@ class AgentVMClient:
         self._subscribed: dict[str, None] = {}  # ordered set of sessions to follow
         self._sent_subscribe: set[str] = set()  # sessions subscribed on the current connection
         self._last_seq: dict[str, int] = {}
+        self._refusals: dict[ClientConnection, str] = {}  # a connection the server refused: why
         self._server_has_seq = False
         self._trackers: dict[str, _TurnTracker] = {}  # by sessionId
         self._collectors: dict[str, list[_TurnCollector]] = {}  # by imageId
@@ -335,6 +349,8 @@ class AgentVMClient:
         while True:
             if self._closed:
                 raise ClientClosed("client is closed")
+            if isinstance(self._dead, ConnectionRefused):
+                raise ConnectionRefused(self._dead.reason, code=self._dead.code)
             if self._dead is not None:
                 raise ConnectionLost(str(self._dead))
             if self._run_task is None:
@@ -502,7 +518,9 @@ class AgentVMClient:
             )
         except InvalidStatus as exc:
             status = exc.response.status_code
-            raise ConnectError(f"{self.url} refused the connection (HTTP {status})", status=status) from exc
+            why = _error_message(exc.response.body)
+            raise ConnectError(f"{self.url} refused the connection (HTTP {status})" + (f": {why}" if why else ""),
+                               status=status) from exc
         except TimeoutError as exc:
             raise ConnectError(f"cannot connect to {self.url}: timed out after {self._connect_timeout:g}s") \
                 from exc
@@ -527,6 +545,9 @@ class AgentVMClient:
             self._connection_dropped(current, reason)
             if self._closed:
                 return
+            if isinstance(reason, ConnectionRefused):  # refused again on a reconnect: say why, once
+                self._give_up(reason)
+                return
             if not self._reconnect:
                 self._give_up(ConnectionLost(f"connection to {self.url} lost ({reason})"))
                 return
@@ -536,7 +557,10 @@ class AgentVMClient:
             if current is not None:
                 self._enqueue_hooks(self._reconnected_hooks, "reconnected hook")
 
-    async def _receive(self, ws: ClientConnection) -> str:
+    async def _receive(self, ws: ClientConnection) -> str | ConnectionRefused:
+        """Handle `ws`'s frames until it closes; then why it closed (a refusal: the server's reason)."""
+        code: int | None = None
+        reason = "closed by server"
         try:
             async for raw in ws:
                 try:
@@ -546,14 +570,24 @@ class AgentVMClient:
                 except Exception:
                     logger.exception("error while handling a frame")
         except ConnectionClosed as exc:
-            return f"code {exc.rcvd.code}" if exc.rcvd is not None else "no close frame"
-        return "closed by server"
+            if exc.rcvd is None:
+                reason = "no close frame"
+            else:
+                code = exc.rcvd.code
+                reason = f"code {code}: {exc.rcvd.reason}" if exc.rcvd.reason else f"code {code}"
+                if code == _POLICY_VIOLATION and exc.rcvd.reason:
+                    self._refusals.setdefault(ws, exc.rcvd.reason)
+        refusal = self._refusals.pop(ws, None)
+        if refusal is not None:
+            return ConnectionRefused(refusal, code=code or _POLICY_VIOLATION)
+        return reason
 
-    def _connection_dropped(self, ws: ClientConnection, reason: str) -> None:
+    def _connection_dropped(self, ws: ClientConnection, reason: str | ConnectionRefused) -> None:
         if self._ws is ws:
             self._ws = None
         self._set_ready(False)
-        lost = ConnectionLost(f"connection lost before the response arrived ({reason})")
+        lost = reason if isinstance(reason, ConnectionRefused) else \
+            ConnectionLost(f"connection lost before the response arrived ({reason})")
         for request_id, pending in list(self._pending.items()):
             if pending.ws is ws:
                 del self._pending[request_id]
@@ -649,6 +683,11 @@ class AgentVMClient:
             await self._handle_event(ws, message)
 
     async def _handle_event(self, ws: ClientConnection, event: Event) -> None:
+        data = event.get("data")
+        if event["type"] == "system_error" and isinstance(data, dict) and data.get("code") == "unauthorized":
+            # the cloud's refusal: API Gateway cannot send a close code of AgentVM's, so the reason
+            # comes first as this frame, then the connection is closed
+            self._refusals[ws] = str(data.get("message") or "unauthorized")
         session_id = _context_str(event, "sessionId")
         seq = event.get("seq")
         if session_id is not None and isinstance(seq, int) and not isinstance(seq, bool):

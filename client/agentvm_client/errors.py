@@ -28,6 +28,17 @@ class ConnectionLost(ClientError):
     """
 
 
+class ConnectionRefused(ConnectionLost):
+    """The server closed the connection with 1008 (policy violation): it refuses this client, most
+    often for its API key, and says why in `reason` ("API key required", "API key not valid").
+    Reconnecting would be refused again: the client gives up."""
+
+    def __init__(self, reason: str, *, code: int = 1008) -> None:
+        super().__init__(f"the server refused the connection: {reason} (code {code})")
+        self.reason = reason
+        self.code = code
+
+
 class ClientClosed(ConnectionLost):
     """`close()` was called."""
 

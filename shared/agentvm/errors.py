@@ -20,6 +20,12 @@ class InvalidRequest(AgentVMError):
     http_status = 400
 
 
+class UnknownModel(InvalidRequest):
+    """A model this server neither prices nor runs (an image's `model`): the message lists the known ones."""
+
+    code = "unknown_model"
+
+
 class NotFound(AgentVMError):
     code = "not_found"
     http_status = 404

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -38,6 +38,19 @@ DEFAULT_PRICES: dict[str, ModelPrice] = {
     "scripted": ModelPrice(Decimal("0"), Decimal("0"), Decimal("0"), Decimal("0")),
 }
 DEFAULT_MARKUP = Decimal("1.05")
+# priced (at zero) for the offline scripted driver: a known model only while that driver runs
+OFFLINE_MODELS = ("scripted",)
+
+
+def known_models(prices: Mapping[str, ModelPrice] | None = None, offline: bool = False) -> list[str]:
+    """The model names (prefixes: `claude-sonnet-4` takes `claude-sonnet-4-5-20250929`) an image may
+    name: the price table's, and the offline driver's when it is the one running turns."""
+    table = DEFAULT_PRICES if prices is None else prices
+    return sorted(name for name in table if offline or name not in OFFLINE_MODELS)
+
+
+def is_known_model(model: str, names: Sequence[str]) -> bool:
+    return any(model.startswith(name) for name in names)
 
 
 def prices_wire(table: dict[str, ModelPrice]) -> dict[str, dict[str, str]]:

@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 from websockets.exceptions import InvalidStatus
 
@@ -56,6 +57,8 @@ async def test_keys_guard_every_request_and_tenants_manage_their_own(tmp_path: P
             async with StockClient(f"{srv.url}?token=avmk_000000000000.nope"):
                 pass
         assert refused.value.response.status_code == 403
+        assert orjson.loads(refused.value.response.body) == {  # the reason, in the API's error shape
+            "error": {"code": "unauthorized", "message": "API key not valid"}}
 
         # acme works over the WebSocket (token in the URL) and over HTTP (header)
         async with StockClient(f"{srv.url}?token={acme_admin}") as ws:
@@ -103,7 +106,7 @@ async def test_keys_guard_every_request_and_tenants_manage_their_own(tmp_path: P
         assert revoked.status_code == 401 and "revoked" in revoked.json()["error"]["message"]
         assert (await http.delete("/v1/auth/keys/avmk_000000000000", headers=bearer(acme_admin))).status_code == 404
         bad = await http.post("/v1/auth/keys", json={"scopes": ["root"]}, headers=bearer(acme_admin))
-        assert (bad.status_code, bad.json()["error"]["field"]) == (400, "scopes.0")
+        assert (bad.status_code, bad.json()["error"]["field"]) == (400, "scopes[0]")
 
     code, out, err = await asyncio.to_thread(cli, capsys, "keys", "revoke", "--tenant", "bob", "avmk_nope",
                                              "--data-dir", str(data))
@@ -120,7 +123,6 @@ async def test_the_open_local_mode_needs_no_key(tmp_path: Path) -> None:
 
 async def test_a_browser_authenticates_with_a_first_auth_frame(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    import orjson
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
@@ -136,9 +138,9 @@ async def test_a_browser_authenticates_with_a_first_auth_frame(tmp_path: Path,
             answer = orjson.loads(answer["__payload"]) if "__payload" in answer else answer  # the ACK wrapper
             assert answer["type"] == "container_list_response" and answer["data"]["requestId"] == "r1"
         for first, reason in [
-            ({"type": "auth", "headers": {"Authorization": "Bearer avmk_000000000000.nope"}}, "Invalid API key"),
-            ({"type": "container_list_request", "data": {"requestId": "r1"}}, "authenticate first"),
-            (None, "no auth frame within 0.5 s"),
+            ({"type": "auth", "headers": {"Authorization": "Bearer avmk_000000000000.nope"}}, "API key not valid"),
+            ({"type": "container_list_request", "data": {"requestId": "r1"}}, 'API key required: send {"type": "auth"'),
+            (None, "API key required: no auth frame within 0.5 s"),
         ]:
             async with connect(srv.url) as ws:
                 if first is not None:

@@ -70,7 +70,7 @@ async def test_budgets_refuse_bad_amounts_and_boolean_counts(tmp_path: Path) -> 
             assert error["message"].startswith(f"{field}: "), error
         assert (await http.get("/v1/budgets")).json()["budgets"] == []
         rpm = await http.put("/v1/budgets", json={"requestsPerMinute": True})
-        assert rpm.json()["error"]["message"] == "requestsPerMinute: Input should be a valid integer"
+        assert rpm.json()["error"]["message"] == "requestsPerMinute: must be a whole number"
         amount = await http.put("/v1/budgets", content='{"monthlyBudget": NaN}',
                                 headers={"content-type": "application/json"})
         assert amount.json()["error"]["message"] == "monthlyBudget: must be from 0 to 1000000000 USD"

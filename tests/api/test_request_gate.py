@@ -84,7 +84,7 @@ async def test_every_route_answers_401_before_it_reads_a_body(keyed: tuple[InPro
                 assert res.status_code == 400 and res.json()["error"]["code"] == "invalid_request", (method, path)
         # a wrong key is refused the same way, before the body
         res = await http.post("/v1/images", content=bad, headers={"authorization": "Bearer avmk_0123456789ab.nope"})
-        assert (res.status_code, res.json()["error"]) == (401, {"code": "unauthorized", "message": "Invalid API key"})
+        assert (res.status_code, res.json()["error"]) == (401, {"code": "unauthorized", "message": "API key not valid"})
         # what no route takes needs a key too; with one, it is a plain 404
         assert (await http.post("/v1/nowhere", content=bad)).json() == MISSING
         assert (await http.get("/v1/nowhere", headers={"authorization": auth["user"]})).status_code == 404

@@ -128,9 +128,9 @@ async def test_bad_input_names_the_field(http: httpx.AsyncClient) -> None:
         ({"kind": "prompt", "name": "Bad Name", "version": "1.0.0", "content": {}}, "name",
          "name: lowercase letters, digits, '.', '_' and '-', starting with a letter or digit, at most 100 "
          "characters"),
-        ({"kind": "prompt", "name": "x", "content": {}}, "version", "version: Field required"),
+        ({"kind": "prompt", "name": "x", "content": {}}, "version", "version: is required"),
         ({"kind": "prompt", "name": "x", "version": "1.0.0", "content": "text"}, "content",
-         "content: Input should be a valid dictionary"),
+         "content: must be a JSON object"),
         ({"kind": "prompt", "name": "x", "version": "1.0.0", "content": {}, "dependencies": ["http://x"]},
          "dependencies", None),
     ]

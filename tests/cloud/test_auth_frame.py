@@ -128,7 +128,7 @@ async def test_any_other_first_frame_gets_an_error_and_the_connection_is_deleted
     async with StockClient(cloud.edge.url) as client:
         cid = await only_connection(cloud, before)
         await client.send_raw({"type": "container_list_request", "data": {"requestId": "r1"}})
-        await refused(cloud, client, cid, "authenticate first", within_s=AUTH_TIMEOUT_S + 5)
+        await refused(cloud, client, cid, "API key required: send", within_s=AUTH_TIMEOUT_S + 5)
     assert not any(e.get("type") == "container_list_response" for e in client.events)
 
 
@@ -137,13 +137,13 @@ async def test_a_first_frame_that_is_not_json_is_refused(cloud: Cloud) -> None:
     async with StockClient(cloud.edge.url) as client:
         cid = await only_connection(cloud, before)
         await client.send_raw("{not json")
-        await refused(cloud, client, cid, "authenticate first: the first frame is not JSON",
+        await refused(cloud, client, cid, "API key required: the first frame is not JSON",
                       within_s=AUTH_TIMEOUT_S + 5)
 
 
 @pytest.mark.parametrize(("frame", "reason"), [
-    (auth("avmk_000000000000.nope"), "Invalid API key"),
-    ({"type": "auth", "headers": "Bearer x"}, "authenticate first"),
+    (auth("avmk_000000000000.nope"), "API key not valid"),
+    ({"type": "auth", "headers": "Bearer x"}, "API key required: send"),
     ({"type": "auth", "headers": {"Authorization": "Basic eDp5"}}, "API key required"),
 ], ids=["bad-key", "malformed", "no-bearer"])
 async def test_a_bad_auth_frame_is_refused_at_once(cloud: Cloud, frame: dict[str, Any], reason: str) -> None:
@@ -162,7 +162,7 @@ async def test_an_auth_frame_after_the_deadline_is_refused(cloud: Cloud) -> None
         cid = await only_connection(cloud, before)
         await asyncio.sleep(AUTH_TIMEOUT_S + 0.2)
         await client.send_raw(auth(cloud.token))
-        await refused(cloud, client, cid, f"no auth frame within {AUTH_TIMEOUT_S:g} s", within_s=5)
+        await refused(cloud, client, cid, f"API key required: no auth frame within {AUTH_TIMEOUT_S:g} s", within_s=5)
 
 
 async def test_a_bad_key_on_the_upgrade_is_still_refused_at_connect(cloud: Cloud) -> None:

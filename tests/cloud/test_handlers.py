@@ -100,8 +100,8 @@ def test_connect_refuses_wrong_and_revoked_keys_and_holds_a_keyless_one_for_its_
     key, token = api_key
     handler = load_handler("ws_connect").handler
     wrong = handler(connect_event(token[:-4] + "AAAA"), None)
-    assert wrong == {"statusCode": 401, "body": "Invalid API key"}
-    assert handler(connect_event("not-a-key"), None) == {"statusCode": 401, "body": "Invalid API key"}
+    assert wrong == {"statusCode": 401, "body": "API key not valid"}
+    assert handler(connect_event("not-a-key"), None) == {"statusCode": 401, "body": "API key not valid"}
     cloud_runtime.run(DynamoDBKeys(cloud.store).revoke_key("tenant-a", key.key_id, 1))
     cloud.authenticator.invalidate(key.key_id)
     revoked = handler(connect_event(token), None)

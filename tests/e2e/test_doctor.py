@@ -114,7 +114,7 @@ def test_a_bad_key_fails_the_auth_step(tmp_path: Path) -> None:
     assert (bad.returncode, bad.stderr) == (1, "")
     assert bad.stdout.splitlines() == [
         health,
-        "FAIL  auth            the API key was refused: HTTP 401 unauthorized: Invalid API key — fix: --token must "
+        "FAIL  auth            the API key was refused: HTTP 401 unauthorized: API key not valid — fix: --token must "
         "be an active API key of this deployment (avm keys create --tenant T, with --table <TableName> for a stack)",
         *skipped]
     assert (missing.returncode, missing.stderr) == (1, "")

@@ -237,7 +237,7 @@ async def test_images_pin_tool_and_sandbox_resources_and_run_them(tmp_path: Path
         assert pinned is not None and pinned.config["pins"] == {"resource://tools/weather": "1.0.0"}
         unknown = await ws.request("image_create_request", {"containerId": "c-rt", "config": {"tools": ["rm"]}})
         assert unknown["data"]["error"] == (
-            "image_create_request: data.config.tools: Value error, unknown tool 'rm' (built-in: bash, read_file, "
+            "image_create_request: data.config.tools: unknown tool 'rm' (built-in: bash, read_file, "
             "write_file, edit_file, list_files; or resource://tools/<name>[@spec])")
         wrong = await ws.request("image_create_request", {"containerId": "c-rt",
                                                           "config": {"tools": ["resource://tools/nope"]}})

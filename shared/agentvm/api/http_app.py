@@ -1,7 +1,7 @@
 """The FastAPI application: health and the management API (`/v1/resources`; more in later issues).
 
-Errors have one shape everywhere: `{"error": {"code", "message", "field"?}}`, request validation
-included (400 naming the field, not FastAPI's 422 list). Every request passes the gate first
+Errors have one shape everywhere: `{"error": {"code", "message", "field"?}}`, request validation,
+unknown routes and wrong methods included (api/http_errors.py). Every request passes the gate first
 (api/request_gate.py): its API key, then its body's size, before anything reads the body."""
 
 from __future__ import annotations
@@ -14,18 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute
 
 from agentvm import __version__
 from agentvm.api.config_http import config_router
-from agentvm.api.request_gate import BodyLimit, RequestGate, error_response, resolved_once
+from agentvm.api.http_errors import install_error_handlers
+from agentvm.api.request_gate import BodyLimit, RequestGate, resolved_once
 from agentvm.api.resources_http import resources_router
 from agentvm.domain.models import Principal
-from agentvm.errors import AgentVMError, PayloadTooLarge
+from agentvm.errors import PayloadTooLarge
 from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
 
@@ -145,33 +142,8 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-        if first.get("type") == "json_invalid":  # its location is a character position, not a field
-            loc = ["body"]
-        field = ".".join(loc)
-        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
-        body: dict[str, Any] = {"error": {"code": "invalid_request", "message": message}}
-        if field:
-            body["error"]["field"] = field
-        return JSONResponse(body, status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _unreadable(request: Request, exc: StarletteHTTPException) -> Response:
-        """FastAPI's 400 for a body it cannot read (not UTF-8: not JSON either) in the one error shape;
-        Starlette's own answers (an unknown path 404, a wrong method 405) stay as they are."""
-        if exc.status_code != 400:
-            return await http_exception_handler(request, exc)
-        return JSONResponse({"error": {"code": "invalid_request", "message": "body: cannot be read as JSON text",
-                                       "field": "body"}}, status_code=400)
-
-    @app.exception_handler(AgentVMError)
-    async def _agentvm_error(_request: Request, exc: AgentVMError) -> JSONResponse:
-        return error_response(exc)
-
     routes: list[BaseRoute] = []  # what the gate authenticates by (the routers' own routes)
+    install_error_handlers(app, lambda: [*app.routes, *routes])
 
     def include(router: APIRouter) -> None:
         app.include_router(router)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from agentvm.api.plain_errors import json_path, plain_message
 from agentvm.definitions import code_definition, code_definitions
 from agentvm.domain.models import Image, Principal
 from agentvm.errors import InvalidRequest, NotFound
@@ -59,12 +60,14 @@ def images_router(services: Callable[[], UseCases],
 
     @router.post("/images", status_code=201, summary="Build an image: every reference resolved and pinned")
     async def build(body: BuildBody, p: Caller) -> JSON:
+        raw = {**body.config, **({"agent": body.agent} if body.agent else {})}
         try:
-            config = ImageConfig.model_validate({**body.config, **({"agent": body.agent} if body.agent else {})})
+            config = ImageConfig.model_validate(raw)
         except ValidationError as exc:
             err = exc.errors()[0]
-            where = ".".join(str(x) for x in err["loc"])
-            raise InvalidRequest(f"config.{where}: {err['msg']}", field=f"config.{where}") from None
+            where = json_path(err["loc"], raw)
+            where = "agent" if where == "agent" and body.agent else f"config.{where}"
+            raise InvalidRequest(f"{where}: {plain_message(err)}", field=where) from None
         return image_wire(await services().images.create(p, body.container_id, config))
 
     @router.get("/images", summary="Images of the caller, newest first")

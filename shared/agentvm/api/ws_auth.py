@@ -30,9 +30,9 @@ from agentvm.protocol.events import SystemError
 
 log = logging.getLogger(__name__)
 
-AUTH_FIRST = ('authenticate first: {"type": "auth", "headers": {"Authorization": "Bearer <key>"}} '
-              '(or the header or ?token= on the upgrade)')
-NOT_JSON = "authenticate first: the first frame is not JSON"
+# close reasons fit a close frame (123 bytes): what a client shows when its key is missing
+AUTH_FIRST = 'API key required: send {"type": "auth", "headers": {"Authorization": "Bearer <key>"}} first'
+NOT_JSON = "API key required: the first frame is not JSON (send the auth frame first)"
 NOT_CONNECTED = "This connection is not authenticated any more: reconnect with your API key."
 # how long past the deadline a waiting frame still gives an `auth` frame in flight to land (cloud)
 AUTH_GRACE_MS = 500
@@ -40,7 +40,7 @@ _POLL_FIRST_S, _POLL_MAX_S = 0.05, 0.5
 
 
 def timeout_reason(timeout_s: float) -> str:
-    return f"no auth frame within {timeout_s:g} s"
+    return f"API key required: no auth frame within {timeout_s:g} s"
 
 
 @dataclass(frozen=True, slots=True)

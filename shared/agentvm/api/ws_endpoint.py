@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from agentvm.api.ws_auth import read_auth_frame, timeout_reason
@@ -51,6 +52,17 @@ def queue_close_frame(ws: WebSocket, code: int, reason: str) -> bool:
     return True
 
 
+async def refuse_upgrade(ws: WebSocket, reason: str) -> None:
+    """Refuse an upgrade with HTTP 403 and the reason in the API's error shape, where the server can
+    answer an upgrade with a response of its own (ASGI's `websocket.http.response`: uvicorn); else a
+    bare 403 (Starlette's close before accept)."""
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        body = {"error": {"code": "unauthorized", "message": reason}}
+        await ws.send_denial_response(JSONResponse(body, status_code=403))
+    else:
+        await ws.close(code=POLICY_VIOLATION, reason=reason)
+
+
 class WebSocketEndpoint:
     def __init__(self, *, hub: LocalHub, router: CommandRouter,
                  principal_for: Callable[[WebSocket], Awaitable[Principal | None]], max_queue: int,
@@ -75,7 +87,7 @@ class WebSocketEndpoint:
                 raise Unauthorized(MISSING_TOKEN)
         except Unauthorized as exc:  # refused at the upgrade (HTTP 403), before anything is read
             log.info("websocket refused", extra={"reason": exc.message})
-            await ws.close(code=POLICY_VIOLATION, reason=exc.message)
+            await refuse_upgrade(ws, exc.message)
             return
         await ws.accept()
         if principal is None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentvm.api.plain_errors import json_path, plain_message
 from agentvm.domain.models import Principal
 from agentvm.errors import AgentVMError, InvalidRequest, public_message
 from agentvm.ports import Fanout
@@ -28,25 +29,15 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Principal, str, Any], Awaitable[cmd.ResponseData]]
 
 
-_BRANCH_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
-
-
-def _is_field(segment: object) -> bool:
-    """Location segments that name a field or an index, not a union branch of pydantic's."""
-    if isinstance(segment, int):
-        return True
-    text = str(segment)
-    return not ("[" in text or "-" in text or text in _BRANCH_LABELS)
-
-
-def validation_message(where: str, exc: ValidationError) -> tuple[str, str]:
-    """A one-line message naming the most specific invalid field, and that field's dotted path."""
+def validation_message(where: str, exc: ValidationError, data: Any = None) -> tuple[str, str]:
+    """A one-line message in plain words naming the most specific invalid field, and that field's
+    JSON path (`data.content[0].text`)."""
+    errors = exc.errors()
     # For unions, the deepest error belongs to the branch that matched the input's shape.
-    err = max(exc.errors(), key=lambda e: len([p for p in e["loc"] if _is_field(p)]))
-    loc = [str(p) for p in err["loc"] if _is_field(p)]
-    path = ".".join(["data", *loc]) if loc else "data"
-    msg = "field required" if err["type"] == "missing" else err["msg"]
-    return f"{where}: {path}: {msg}", path
+    err = max(errors, key=lambda e: len(json_path(e["loc"], data)))
+    loc = json_path(err["loc"], data)
+    path = "data" if loc == "body" else f"data{loc}" if loc.startswith("[") else f"data.{loc}"
+    return f"{where}: {path}: {plain_message(err)}", path
 
 
 class CommandRouter:
@@ -124,7 +115,7 @@ class CommandRouter:
         request_id = data.get("requestId") if isinstance(data, dict) else None
         if not isinstance(request_id, str) or not request_id:
             where = "data.requestId" if isinstance(data, dict) else "data"
-            problem = "field required" if request_id is None else "must be a non-empty string"
+            problem = "is required" if request_id is None else "must be a non-empty string"
             if not isinstance(data, dict):
                 problem = "must be an object"
             self._system_error(connection_id, InvalidRequest(f"{type_}: {where}: {problem}", field=where),
@@ -138,7 +129,7 @@ class CommandRouter:
         try:
             req = model.model_validate(data)
         except ValidationError as exc:
-            message, path = validation_message(type_, exc)
+            message, path = validation_message(type_, exc, data)
             self._fail(connection_id, name, request_id, InvalidRequest(message, field=path), None)
             return
         container_id = getattr(req, "container_id", None)

@@ -10,7 +10,7 @@ fast the hash is, and a slow hash would only add tens of milliseconds to every `
 how GitHub and Stripe treat their tokens too. The salt still makes two leaked tables incomparable.
 
 Failures never say which part of a token was wrong: a malformed token, an unknown key and a wrong
-secret all read "Invalid API key". Revocation and expiry are reported only to a caller that proved
+secret all read "API key not valid". Revocation and expiry are reported only to a caller that proved
 it holds the secret, so a key id alone reveals nothing, not even that the key exists.
 """
 
@@ -50,7 +50,7 @@ MAX_NAME_LENGTH: Final = 200
 # a WebSocket upgrade takes either; HTTP reads the header only (`http_token`)
 MISSING_TOKEN: Final = "API key required: send `Authorization: Bearer <key>` or `?token=<key>`"
 MISSING_HTTP_TOKEN: Final = "API key required: send the header `Authorization: Bearer <key>`"
-INVALID_TOKEN: Final = "Invalid API key"
+INVALID_TOKEN: Final = "API key not valid"
 REVOKED: Final = "API key revoked"
 EXPIRED: Final = "API key expired"
 

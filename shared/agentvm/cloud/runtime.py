@@ -321,7 +321,8 @@ class CloudRuntime:
                                                   http_allow_private=self.settings.http_tools_allow_private),
                                 container_tier=tier)
         else:
-            deps = RuntimePorts(store=store, fanout=fanout, driver=driver, options=self.options(driver))
+            deps = RuntimePorts(store=store, fanout=fanout, driver=driver, options=self.options(driver),
+                                offline_llm=self.settings.llm_api_key is None and not self.settings.llm_secret_arn)
         if driver is not None:
             deps.turn_options = self.config  # each turn takes the current configuration
             deps.meter = self.meter

@@ -51,6 +51,9 @@ class RuntimePorts:
     # runners: a turn reads only what was stored since the process last read the session)
     history_cache: HistoryCache | None = None
     recent_messages: RecentMessages | None = None
+    # where `driver` is None (the cloud's ws_default): turns run on the offline scripted driver (no
+    # LLM key is configured), so its model names are known ones (images.py)
+    offline_llm: bool = False
 
     def history(self, tenant_id: str, session_id: str, expect: Collection[str] = ()) -> SessionHistory:
         """A session's history, through the process's cache when there is one; `expect`: ids of

@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentvm.domain.models import Agent, Image, Principal, Session
-from agentvm.errors import InvalidRequest, NotFound, SandboxUnavailable
+from agentvm.errors import InvalidRequest, NotFound, SandboxUnavailable, UnknownModel
 from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.hosting.session_host import SessionHost, session_views
 from agentvm.ids import image_id, now_ms, session_id
+from agentvm.money import is_known_model, known_models
 from agentvm.protocol.commands import ImageConfig, ImageListItem
 from agentvm.services.agents import AgentService
 from agentvm.services.containers import ContainerService
@@ -68,6 +69,7 @@ class ImageService:
         snapshot: dict[str, Any] = {}
         model = config.model or values.get("model")
         if model:
+            await self._require_known_model(str(model), "config.model" if config.model else "agent")
             snapshot["model"] = model
         max_tokens = config.max_tokens or values.get("maxTokens")
         if max_tokens:
@@ -113,6 +115,19 @@ class ImageService:
         await self.deps.store.create_image(image, Session(p.tenant_id, image.session_id, image.image_id,
                                                            container_id, ts, ts))
         return image
+
+    async def _require_known_model(self, model: str, field: str) -> None:
+        """Refuse a model this server neither prices nor runs (it would be billed at a guess, or fail
+        at the first turn): the error lists the known ones."""
+        options = self.deps.options
+        if self.deps.turn_options is not None:  # the runtime configuration's prices (billing.prices)
+            options = await self.deps.turn_options.engine_options(options)
+        driver = self.deps.driver
+        offline = self.deps.offline_llm if driver is None else driver.name == "scripted"
+        names = known_models(options.prices, offline=offline)
+        if not is_known_model(model, names):
+            raise UnknownModel(f"{field}: unknown model {model!r}; known models: {', '.join(names)} (a name may "
+                               "go on, as in claude-sonnet-4-5-20250929)", field=field)
 
     async def get(self, p: Principal, image_id_: str) -> Image | None:
         return await self.deps.store.get_image(p.tenant_id, image_id_)
