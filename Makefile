@@ -33,25 +33,29 @@ $(UV_STAMP): $(BIN)/python
 
 $(RUNTIME_STAMP): $(UV_STAMP)
 	@echo "[setup] installing runtime dependencies into $(VENV) (locked: uv.lock)"
-	@$(UV_SYNC) --no-default-groups
+	@$(UV_SYNC) --no-default-groups || { echo "[setup] uv sync failed: after a pyproject.toml change, run 'make lock' (and commit uv.lock)"; exit 1; }
 	@rm -f $(VENV)/.runtime-*; touch $@
 
 $(DEV_STAMP): $(UV_STAMP)
 	@echo "[setup] installing runtime and dev dependencies into $(VENV) (locked: uv.lock, extra 'dev')"
-	@$(UV_SYNC) --no-default-groups --extra dev
+	@$(UV_SYNC) --no-default-groups --extra dev || { echo "[setup] uv sync failed: after a pyproject.toml change, run 'make lock' (and commit uv.lock)"; exit 1; }
 	@rm -f $(VENV)/.dev-* $(VENV)/.runtime-*; touch $@ $(RUNTIME_STAMP)
 
-# The Lambda artifacts' pins are exported from the same lock (pyproject.toml [dependency-groups]).
+# The Lambda artifacts' pins (pyproject.toml [dependency-groups]) and the worker image's are exported from the lock.
 UV_EXPORT := $(UV_ENV) $(UV) export --frozen --no-hashes --no-header --no-annotate --no-emit-project
 LOCK_ARGS ?=
-lock: $(UV_STAMP)  ## re-resolve uv.lock after a pyproject.toml change (LOCK_ARGS=--upgrade for newest) and re-export the Lambda pins
+lock: $(UV_STAMP)  ## re-resolve uv.lock after a pyproject.toml change (LOCK_ARGS=--upgrade for newest) and re-export the pins
 	$(UV_ENV) $(UV) lock $(LOCK_ARGS)
 	@{ sed -n '/^# /p;/^$$/q' shared/requirements.txt; echo; $(UV_EXPORT) --only-group layer; } > shared/requirements.txt.new
 	@mv shared/requirements.txt.new shared/requirements.txt
 	@{ sed -n '/^# /p;/^$$/q' functions/chat_stream/requirements.txt; echo; $(UV_EXPORT) --only-group chat-stream --no-emit-package h11; } \
 		> functions/chat_stream/requirements.txt.new
 	@mv functions/chat_stream/requirements.txt.new functions/chat_stream/requirements.txt
-	@echo "uv.lock, shared/requirements.txt and functions/chat_stream/requirements.txt are up to date"
+	@{ sed -n '/^# /p;/^$$/q' infra/container/constraints.txt; echo; $(UV_EXPORT) --no-default-groups --extra aws; } \
+		> infra/container/constraints.txt.new
+	@mv infra/container/constraints.txt.new infra/container/constraints.txt
+	@echo "uv.lock and its exports (shared/requirements.txt, functions/chat_stream/requirements.txt," \
+		"infra/container/constraints.txt) are up to date"
 
 serve: $(RUNTIME_STAMP)  ## run avm serve on 127.0.0.1:8080 (data in ~/.agentvm); extra flags via ARGS=...
 	$(BIN)/avm serve $(ARGS)

@@ -29,6 +29,9 @@ EXPORTS = {
 }
 # in the layer, so not repeated in chat_stream's package (Makefile: lock, --no-emit-package)
 NOT_EMITTED = {"chat-stream": {"h11"}}
+# the worker image's constraints: the runtime dependencies and the aws extra (Makefile: lock)
+CONTAINER = ROOT / "infra" / "container" / "constraints.txt"
+UV_EXPORT = ["export", "--frozen", "--no-hashes", "--no-header", "--no-annotate", "--no-emit-project"]
 RELOCK = "pyproject.toml and uv.lock disagree: run `make lock` and commit uv.lock and the exported requirements"
 
 # (name, extras, specifier, extra or group it belongs to)
@@ -97,15 +100,26 @@ def _locked_manifest(project: dict[str, Any]) -> set[Entry]:
 
 
 def _pins(path: Path) -> dict[str, str]:
+    return _parse_pins(path.read_text(encoding="utf-8"), path.name)
+
+
+def _parse_pins(text: str, source: str) -> dict[str, str]:
     pins: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             requirement = Requirement(line)
             (specifier,) = requirement.specifier
-            assert specifier.operator == "==", f"{path.name}: {line} is not an exact pin"
+            assert specifier.operator == "==", f"{source}: {line} is not an exact pin"
             pins[canonicalize_name(requirement.name)] = specifier.version
     return pins
+
+
+def _uv_export(*args: str) -> str:
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.exists():
+        pytest.skip(f"uv is not installed in {uv.parent} (make serve / make test install it)")
+    return subprocess.run([str(uv), *UV_EXPORT, *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
 
 
 def _closure(lock: dict[str, Any], roots: list[str]) -> set[str]:
@@ -158,12 +172,8 @@ def test_lambda_pins_are_the_locked_versions(group: str) -> None:
 
 @pytest.mark.parametrize("group", sorted(EXPORTS))
 def test_lambda_pins_are_exactly_the_uv_export(group: str) -> None:
-    uv = Path(sys.executable).parent / "uv"
-    if not uv.exists():
-        pytest.skip(f"uv is not installed in {uv.parent} (make serve / make test install it)")
-    command = [str(uv), "export", "--frozen", "--no-hashes", "--no-header", "--no-annotate", "--no-emit-project"]
-    command += ["--only-group", group, *(f"--no-emit-package={name}" for name in sorted(NOT_EMITTED.get(group, ())))]
-    exported = subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    skipped = [f"--no-emit-package={name}" for name in sorted(NOT_EMITTED.get(group, ()))]
+    exported = _uv_export("--only-group", group, *skipped)
     expected = {}
     for line in exported.splitlines():
         requirement = Requirement(line)
@@ -194,3 +204,17 @@ def test_the_venv_runs_the_locked_versions() -> None:
         if name in versions and dist.version != versions[name] and name != "agentvm":
             stale[name] = f"{dist.version} installed, {versions[name]} locked"
     assert not stale, f"{sys.prefix} is not synced to uv.lock ({stale}): run `make test`"
+
+
+def test_worker_image_constraints_are_the_lock() -> None:
+    versions = _versions(_lock())
+    pins = _pins(CONTAINER)
+    for name in ("pydantic", "boto3", "anthropic", "mcp", "uvicorn"):
+        assert name in pins, f"{CONTAINER.name} misses {name}: run `make lock`"
+    assert {name: versions.get(name) for name in pins} == pins, f"{CONTAINER.name} is stale: run `make lock`"
+    assert _pins(EXPORTS["layer"]).items() <= pins.items()
+
+
+def test_worker_image_constraints_are_exactly_the_uv_export() -> None:
+    exported = _uv_export("--no-default-groups", "--extra", "aws")
+    assert _pins(CONTAINER) == _parse_pins(exported, "uv export"), f"{CONTAINER.name} is stale: run `make lock`"
