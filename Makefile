@@ -83,7 +83,7 @@ test: setup  ## install dev dependencies, lint, type-check and run the whole sui
 	@$(MAKE) --no-print-directory lint typecheck unit
 
 bench: $(DEV_STAMP)  ## full benchmarks; results go to docs/benchmarks.md and docs/cost-model.md by hand
-	@# "-": its http_api cold-import ratio (FastAPI) misses 2.5x (docs/benchmarks.md); the others still run
+	@# "-": the http_api and chat_stream cold-import ratios (FastAPI) miss 2.5x (docs/benchmarks.md); the others still run
 	-$(BIN)/python -m tests.bench.run $(ARGS)
 	$(BIN)/python -m tests.bench.many_clients --json .bench/many-clients.json
 	$(BIN)/python -m tests.bench.storm --json .bench/storm.json

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from mangum import Mangum
@@ -17,6 +18,7 @@ from agentvm.services.config import ConfigService
 from agentvm.services.keys import KeyService
 from agentvm.services.resources import ResourceService
 
+log = logging.getLogger("agentvm.http_api")
 obs = observe("http_api")
 
 
@@ -53,6 +55,12 @@ _asgi = Mangum(create_app(api=HttpApi(resources=_resources, principal_for=_calle
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     loop()  # the environment's loop, shared with the runtime's clients
     response = _asgi(event, context)
-    # by status class only: a path holds ids, a route template would add a dimension per route
-    obs.metric("Requests", Count, 1, status_class=status_class(response.get("statusCode")))
+    # totals only (a path holds ids; a status dimension would be billed per value): an error answer's
+    # status is in its log line, and 5xx are counted apart for alarms
+    status = response.get("statusCode")
+    if not isinstance(status, int) or status >= 400:
+        log.info("http request answered with an error", extra={"status": status, "status_class": status_class(status)})
+    obs.metric("Requests", Count, 1)
+    if isinstance(status, int) and status >= 500:
+        obs.metric("ServerErrors", Count, 1)
     return response

@@ -5,7 +5,9 @@ FOCUS 1.0 CSV in the bucket, for finance tools:
     exports/focus/monthly/2026-11.csv      that day's month to date (final after its last day)
 
 An event may name the day (`{"day": "2026-11-05"}`) to write (or rewrite) another one. Writing is
-idempotent: the same ledger gives the same files."""
+idempotent: the same ledger gives the same files. The month is read once, as a stream, and both files
+are written as S3 multipart uploads (agentvm/services/focus_export.py): memory does not grow with the
+month."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from typing import Any
 from agentvm.cloud.observability import Count, observe
 from agentvm.cloud.runtime import run, runtime
 from agentvm.errors import InvalidRequest
-from agentvm.services.billing import window
 
 obs = observe("usage_export")
 PREFIX = "exports/focus"
@@ -27,25 +28,21 @@ def _yesterday() -> str:
 
 async def _export(day: str) -> dict[str, Any]:
     from agentvm.adapters.aws.s3_blobs import S3BlobStore
+    from agentvm.services.focus_export import export_day
 
     rt = await runtime().ready()
     s = rt.settings
     if not s.bucket:
         raise InvalidRequest("AVM_BUCKET is not set: usage exports go to the deployment's bucket", field="bucket")
-    w = window(day, field="day")
     blobs = S3BlobStore(s.bucket, prefix=PREFIX, endpoint_url=s.aws_endpoint_url, region_name=s.aws_region)
     await blobs.open()
-    written = {}
     try:
-        for period, key in ((w.label, f"daily/{w.label}.csv"), (w.month, f"monthly/{w.month}.csv")):
-            _media, text = await rt.billing.export(None, period, "focus")
-            await blobs.put(key, text.encode(), "text/csv")
-            written[key] = max(0, text.count("\n") - 1)
+        files = await export_day(rt.billing.ledger, blobs, day)
     finally:
         await blobs.close()
-    for rows in written.values():
-        obs.metric("UsageExportRows", Count, rows)
-    return {"day": w.label, "files": {f"{PREFIX}/{k}": rows for k, rows in written.items()}}
+    for f in files:
+        obs.metric("UsageExportRows", Count, f.rows)
+    return {"day": day.strip(), "files": {f"{PREFIX}/{f.key}": f.rows for f in files}}
 
 
 @obs.handler

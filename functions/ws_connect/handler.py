@@ -1,5 +1,6 @@
-"""$connect: authenticate the API key and record connection → principal. Never posts: API Gateway
-accepts no message to a connection before its $connect route has returned.
+"""$connect: authenticate the API key and record connection → principal (agentvm/cloud/ws_routes.py,
+shared with the turn host's own front). Never posts: API Gateway accepts no message to a connection
+before its $connect route has returned.
 
 An upgrade without credentials (a browser cannot set headers) is accepted and recorded as not yet
 authenticated: its first frame must be an `auth` frame (ws_default, docs/tenancy.md). A key that is
@@ -7,42 +8,20 @@ present but bad is refused here (401). `?frames=batch` asks for batched frames (
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from agentvm.auth.api_keys import extract_token
-from agentvm.cloud.observability import Count, observe
+from agentvm.cloud import ws_routes
+from agentvm.cloud.observability import observe
 from agentvm.cloud.runtime import run, runtime
-from agentvm.domain.models import ConnectionRecord
-from agentvm.errors import Unauthorized
-from agentvm.ids import now_ms
-from agentvm.protocol.frames import wants_batches
 
-log = logging.getLogger("agentvm.ws_connect")
 obs = observe("ws_connect")
 
 
 async def _connect(event: dict[str, Any]) -> dict[str, Any]:
     rt = await runtime().ready()
-    connection_id = event["requestContext"]["connectionId"]
-    query = event.get("queryStringParameters")
-    token = extract_token(event.get("headers"), query)
-    batch = wants_batches(query)
-    if token is None:  # the first frame authenticates it, within AVM_AUTH_TIMEOUT_S
-        await rt.registry.put_connection(ConnectionRecord(connection_id, "", None, now_ms(), authenticated=False,
-                                                          batch=batch))
-        obs.metric("ConnectionsAccepted", Count, 1, auth="frame")
-        return {"statusCode": 200}
-    try:
-        principal = await rt.authenticator.authenticate(token)
-    except Unauthorized as exc:
-        log.info("websocket refused", extra={"reason": exc.message})
-        obs.metric("ConnectionsRefused", Count, 1, reason="invalid_key")
-        return {"statusCode": 401, "body": exc.message}
-    await rt.registry.put_connection(ConnectionRecord(connection_id, principal.tenant_id, principal.key_id,
-                                                      now_ms(), batch=batch))
-    obs.metric("ConnectionsAccepted", Count, 1, auth="key")
-    return {"statusCode": 200}
+    done = await ws_routes.connect(rt, event["requestContext"]["connectionId"], event.get("headers"),
+                                   event.get("queryStringParameters"), obs.metric)
+    return {"statusCode": 200} if done.status == 200 else {"statusCode": done.status, "body": done.reason}
 
 
 @obs.handler

@@ -1,5 +1,6 @@
-"""$default: every client frame goes through the AgentX command router. Answers and events are
-posted to connections; turns are handed to `chat_turn` (never run inside the 29 s integration).
+"""$default: every client frame goes through the AgentX command router (agentvm/cloud/ws_routes.py,
+shared with the turn host's own front). Answers and events are posted to connections; turns are
+handed to `chat_turn` or a turn host (never run inside the 29 s integration).
 
 A connection `$connect` accepted without credentials authenticates with a first `auth` frame within
 AVM_AUTH_TIMEOUT_S of its connect, as on `avm serve`: the handshake is api/ws_auth.py
@@ -12,30 +13,18 @@ from typing import Any
 
 # loaded at init (and in a SnapStart snapshot), not by the first request
 import agentvm.adapters.aws.cloud_fanout
+import agentvm.api.ws_auth
 import agentvm.api.ws_router  # noqa: F401
-from agentvm.api.ws_auth import ConnectionHandshake
-from agentvm.cloud.observability import Count, observe
+from agentvm.cloud import ws_routes
+from agentvm.cloud.observability import observe
 from agentvm.cloud.runtime import run, runtime
-from agentvm.domain.models import Principal
 
 obs = observe("ws_default")
 
 
 async def _frame(connection_id: str, body: str | bytes) -> None:
     rt = await runtime().ready()
-    handshake = ConnectionHandshake(
-        rt.registry, rt.gateway, rt.authenticator, rt.settings.auth_timeout_s,
-        on_authenticated=lambda: obs.metric("ConnectionsAuthenticated", Count, 1, auth="frame"),
-        on_refused=lambda why: obs.metric("ConnectionsRefused", Count, 1, reason=why))
-    record = await handshake.admit(connection_id, body)
-    if record is None:
-        return
-    inv = rt.invocation(record.tenant_id, role="ws_default")
-    inv.fanout.known(record)
-    try:
-        await rt.router(inv).handle_frame(Principal(record.tenant_id, record.key_id), connection_id, body)
-    finally:
-        await inv.fanout.close()
+    await ws_routes.frame(rt, connection_id, body, obs.metric)
 
 
 @obs.handler

@@ -1,9 +1,10 @@
-"""$disconnect: forget the connection with its subscriptions and watches."""
+"""$disconnect: forget the connection with its subscriptions and watches (agentvm/cloud/ws_routes.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from agentvm.cloud import ws_routes
 from agentvm.cloud.observability import observe
 from agentvm.cloud.runtime import run, runtime
 
@@ -12,7 +13,7 @@ obs = observe("ws_disconnect")
 
 async def _disconnect(connection_id: str) -> None:
     rt = await runtime().ready()
-    await rt.registry.delete_connection(connection_id)
+    await ws_routes.disconnect(rt, connection_id)
 
 
 @obs.handler

@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     history_cache_mb: int = Field(32, ge=0, le=4096, description=(
         "Session histories a cloud runner (chat_turn's environment, a turn host) keeps between turns, "
         "in MB: a turn then reads only the messages stored since. 0 reads every history in full."))
+    definition_cache_s: int = Field(60, ge=0, le=3600, description=(
+        "Cloud runners keep a session's image and agent between its turns for at most this many "
+        "seconds (an image's name or description edit reaches turns after at most this long; a "
+        "destroyed agent or deleted image is seen at once). 0 reads them for every turn."))
     max_frame_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024,
                                  description="Largest accepted client frame.")
     send_queue_max: int = Field(10_000, ge=16, le=1_000_000, description=(
@@ -147,6 +151,13 @@ class Settings(BaseSettings):
     turn_host_poll_s: int = Field(20, ge=0, le=20, description="Long-polling wait of a turn host's queue receive.")
     turn_host_drain_s: float = Field(100.0, ge=0, le=3600, description=(
         "On SIGTERM a turn host lets its running turns finish for up to this long (ECS stopTimeout: 120 s)."))
+    turn_host_ws_port: int = Field(0, ge=0, le=65_535, description=(
+        "Port of a turn host's own WebSocket front (behind a load balancer); 0: no front."))
+    turn_host_peer_port: int = Field(8081, ge=1, le=65_535, description=(
+        "Port of a turn host's internal endpoint where other hosts post frames for its sockets (with a front)."))
+    turn_host_address: str = Field("", description=(
+        "The private address other hosts reach a turn host's internal endpoint at; empty: the ECS task's "
+        "address from its metadata endpoint, else the host name's."))
     aws_endpoint_url: str | None = Field(None, description=(
         "Endpoint override for DynamoDB/S3/Lambda (moto or LocalStack in tests); unset in AWS."))
     lambda_endpoint_url: str | None = Field(None, description=(
@@ -177,3 +188,4 @@ class ClientSettings(BaseSettings):
 
     url: str = Field("ws://127.0.0.1:8080/ws", description="WebSocket URL of the server.")
     token: SecretStr | None = Field(None, description="API key sent as a Bearer token.")
+    chat_history: Path | None = Field(None, description="File keeping the lines typed in `avm chat`.")

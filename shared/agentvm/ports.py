@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
@@ -189,6 +189,11 @@ class Store(ContainerRepository, ImageRepository, AgentRepository, SessionLog, T
     async def open(self) -> None: ...
     async def close(self) -> None: ...
 
+    async def get_image_and_agent(self, tenant_id: str, image_id: str) -> tuple[Image | None, Agent | None]:
+        """`get_image` and `get_agent_for_image` in one read where the database can (DynamoDB: one
+        Query of the image's partition, one read unit for both); the agent is None without the image."""
+        ...
+
 
 class SessionLeases(Protocol):
     """Cloud only: one publisher per session at a time (seqs must reach clients in order), and the
@@ -245,6 +250,11 @@ class SessionLeases(Protocol):
     async def request_interrupt(self, tenant_id: str, session_id: str) -> int | None:
         """Signal the lease holder to interrupt its running turn: the new request count, or None when
         nobody holds the lease (nothing runs)."""
+        ...
+
+    async def bump_definitions(self, tenant_id: str, session_id: str) -> None:
+        """The session's agent changed (it was destroyed): runners must read the image and agent
+        again instead of using what they cached (`LeaseState.definitions`)."""
         ...
 
     async def ack_interrupt(self, tenant_id: str, session_id: str, owner: str, count: int) -> None:
@@ -421,8 +431,10 @@ class LeasedFanout(Fanout, Protocol):
         in flight)."""
         ...
 
-    def serve_pending(self, session_id: str) -> None:
-        """Re-read the session's subscribers and serve the replays they are owed."""
+    def serve_pending(self, session_id: str, *, consistent: bool = True) -> None:
+        """Re-read the session's subscribers and serve the replays they are owed. `consistent=False`:
+        no replay is known to be owed (one recorded after the read is served by the next lease
+        holder), so an eventually consistent read (half the price) will do."""
         ...
 
     def owe_replay(self, connection_id: str, session_id: str, container_id: str, after_seq: int) -> None:
@@ -533,6 +545,12 @@ class UsageLedger(Protocol):
         tenant's when `tenant_id` is None (the operator's export)."""
         ...
 
+    def stream_usage(self, tenant_id: str | None, *, since_ms: int, until_ms: int) -> AsyncIterator[UsageRecord]:
+        """The records of `list_usage`, read page by page and yielded as they come, so that an export of
+        any size holds a bounded number of them: ordered by `ended_at` (ties in an order the adapter keeps
+        stable), each record once."""
+        ...
+
 
 class CallMeter(Protocol):
     """The budgets around the engine's LLM calls (services/metering.py's `Meter`): a new turn admitted
@@ -611,6 +629,25 @@ class BlobStore(Protocol):
     async def url(self, key: str, expires_s: int = 3600) -> str:
         """A time-limited URL that reads the blob without credentials (presigned GET)."""
         ...
+
+
+class BlobUpload(Protocol):
+    """One blob written in pieces (S3: a multipart upload): nothing is visible under its key until
+    `finish`; `abort` drops what was sent."""
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def finish(self) -> int:
+        """Make the blob visible; returns its size in bytes."""
+        ...
+
+    async def abort(self) -> None: ...
+
+
+class BlobUploads(Protocol):
+    """Blobs too large to hold in memory, written as a stream (the scheduled usage export)."""
+
+    def upload(self, key: str, content_type: str = "application/octet-stream") -> BlobUpload: ...
 
 
 class FileSystemFactory(Protocol):

@@ -419,6 +419,35 @@ async def test_list_usage_per_tenant_and_for_all_in_a_time_range(ledger: UsageLe
     assert await ledger.list_usage(None, since_ms=DEC_1 + 1, until_ms=_ms(2027, 2, 1)) == []
 
 
+async def test_stream_usage_yields_what_list_usage_lists_in_charge_time_order(
+        ledger: UsageLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pages of 25: several pages of every shard (~160 records each), over two months
+    from agentvm.adapters.aws import dynamodb_usage_stream
+    from agentvm.adapters.local import sqlite_usage
+
+    monkeypatch.setattr(dynamodb_usage_stream, "EXPORT_PAGE", 25)
+    monkeypatch.setattr(sqlite_usage, "_STREAM_PAGE", 25)
+    recs = [_record(f"r{i:05d}#llm#1", tenant=f"t{i % 3}", ended=_ms(2026, 11, 30, 23, 40) + i * 997,
+                    billed=Decimal(i) / 1000) for i in range(1_300)]
+    if isinstance(ledger, DynamoDBUsageLedger):
+        from agentvm.adapters.aws.dynamodb_usage import _record_item
+
+        await ledger.store._batch_write([{"PutRequest": {"Item": _record_item(r)}} for r in recs])
+    else:
+        for r in recs:
+            assert await ledger.settle(r, reserved=Decimal(0), reserved_period=r.period, key_held=False)
+    since, until = _ms(2026, 11, 30, 23, 45), _ms(2026, 12, 1, 0, 1)
+    streamed = [r async for r in ledger.stream_usage(None, since_ms=since, until_ms=until)]
+    listed = await ledger.list_usage(None, since_ms=since, until_ms=until)
+    assert len(streamed) == len(listed) == len([r for r in recs if since <= r.ended_at < until]) == 963
+    assert sorted(streamed, key=lambda r: r.record_id) == sorted(listed, key=lambda r: r.record_id)
+    assert [r.ended_at for r in streamed] == sorted(r.ended_at for r in streamed)
+    assert sum(r.billed_cost for r in streamed) == sum(r.billed_cost for r in listed)
+    assert [r async for r in ledger.stream_usage("t1", since_ms=since, until_ms=until)] == \
+        await ledger.list_usage("t1", since_ms=since, until_ms=until)
+    assert [r async for r in ledger.stream_usage(None, since_ms=until, until_ms=until)] == []
+
+
 async def test_records_round_trip(ledger: UsageLedger) -> None:
     full = _record("t#llm#1", key="k1", list_cost=Decimal("0.000001"), billed=Decimal("0.00000105"))
     bare = _record("t#sandbox", kind="sandbox", model=None, usage=Usage(), billed=Decimal(0), sandbox_ms=99,

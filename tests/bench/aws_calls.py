@@ -112,11 +112,14 @@ def index_units(item: Mapping[str, Any]) -> int:
     """Write units the table's indexes add for a put of `item` (KEYS_ONLY or small projections: 1 each).
 
     A turn is put when queued (new in GSI3 and in the sparse GSI4) and again when it ends (its GSI3
-    key is unchanged, which writes no index; its GSI4 key is removed, which deletes one entry).
-    Any other item with index keys is counted as new in each index it names."""
+    key is unchanged, which writes no index; its GSI4 key is removed, which deletes one entry; a
+    finished turn enters the tenant's turn log, GSI1: one more). Any other item with index keys is
+    counted as new in each index it names."""
     sk = item.get("SK", {}).get("S", "")
     if sk.startswith("TURN#"):
-        return 2 if "SPK" in item and item.get("status", {}).get("S") == "queued" else 1
+        if "SPK" in item and item.get("status", {}).get("S") == "queued":
+            return 2
+        return 1 + ("G1PK" in item)
     return sum(1 for k in _INDEX_KEYS if k in item)
 
 

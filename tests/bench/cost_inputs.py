@@ -234,8 +234,8 @@ class Assumptions:
     per_connection_ws_default: Decimal = D(2)  # the subscribe and the history request
     per_connection_wru: Decimal = D(5)  # connection put; subscription put; three deletes at $disconnect
     per_connection_rru: Decimal = D(6)  # key lookup, session read, history 2, connection read + query
-    log_line_bytes: Decimal = D(600)  # one structured application line per turn (system logs at WARN)
-    emf_bytes_per_turn: Decimal = D(864)  # measured: chat_turn's two EMF blobs (observability.py)
+    log_line_bytes: Decimal = D(816)  # measured: the engine's "turn finished" line (system logs at WARN)
+    emf_bytes_per_turn: Decimal = D(422)  # measured: chat_turn's one EMF blob (observability.py)
     log_event_overhead: Decimal = D(26)  # CloudWatch Logs meters 26 bytes per event on top
     emf_bytes_per_sweep: Decimal = D(243)  # measured: turn_sweep's one blob per run
     log_retention_days: Decimal = D(14)  # template LogRetentionDays
@@ -260,8 +260,10 @@ class Assumptions:
     sweep_rru: Decimal = D(8)  # 16 index Queries at 0.5 RRU while nothing is unfinished
     export_runs: Decimal = DAYS_PER_MONTH.to_integral_value()  # daily cron
     export_ms_base: Decimal = D(1000)
-    export_ms_per_record: Decimal = D("0.05")  # ~20,000 usage records read and written a second
-    export_memory_mb: int = 512
+    # measured: ~90 µs of CPU a record to write (2 FOCUS rows; tests/cloud/test_usage_export_stream.py), plus
+    # an estimated ~60 µs to read and parse its item; CPU-bound, at the one vCPU of 1769 MB
+    export_ms_per_record: Decimal = D("0.15")  # ~6,700 usage records read and written a second
+    export_memory_mb: int = 1769
     archive_runs: Decimal = HOURS_PER_MONTH * 12  # one per 300 s batching window while deletes arrive
     archive_ms_base: Decimal = D(500)
     archive_ms_per_put: Decimal = D(30)
@@ -282,7 +284,6 @@ class Assumptions:
     detailed_alarms: bool = False  # template DetailedAlarms default
     detailed_alarm_count: int = 13  # what DetailedAlarms=Enabled adds
     ecr_image_gb: Decimal = D("0.3")  # the worker/turn-host image, compressed
-    model_families: int = 2  # model families in use (a dimension of the token metrics)
     # the WebSocket front: "api_gateway" (template default), "load_balancer" (an ALB in front of the turn
     # hosts) or "cheapest" (each month priced on the cheaper of the two: the operator's choice by volume)
     front: str = "cheapest"
@@ -302,8 +303,9 @@ ASSUMPTION_WHY = {
     "cold_start_share": "AWS: cold starts are under 1 % of invocations; INIT billed since 2025-08-01",
     "snapstart_versions": "published chat_turn versions kept: the cache of each one bills every hour",
     "per_connection_frames": "per connection: subscribe + one history request in, their answers out",
-    "log_line_bytes": "one application line per turn; LogFormat JSON + SystemLogLevel WARN: no START/END/REPORT",
-    "emf_bytes_per_turn": "measured: InvocationMetrics.flush of one turn prints two EMF blobs, 864 bytes",
+    "log_line_bytes": "measured: the turn's one application line (\"turn finished\", with the breakdowns the "
+                      "metrics leave out); LogFormat JSON + SystemLogLevel WARN: no START/END/REPORT",
+    "emf_bytes_per_turn": "measured: InvocationMetrics.flush of one turn prints one EMF blob, 422 bytes",
     "history_hot_days": "HistoryHotDays: history items expire (TTL) after 30 days and go to the S3 archive",
     "ttl_lag_days": "DynamoDB TTL deletes expired items within days, not at once",
     "stored_bytes_per_turn": "a user + assistant message pair ~1 KB, the turn item 0.5 KB, item overheads",
@@ -311,13 +313,13 @@ ASSUMPTION_WHY = {
     "archive_bytes_per_turn": "gzip JSON Lines of a turn's ~1.8 KB of history items",
     "archive_puts_per_session": "a session's items expire together, in about two 300 s stream batches",
     "glacier_min_object_bytes": "S3 lifecycle does not transition objects under 128 KB (the 2024 default)",
-    "export_ms_per_record": "usage_export reads and writes ~20,000 usage records a second",
+    "export_ms_per_record": "usage_export reads and writes ~6,700 usage records a second (one vCPU; measured "
+                            "~90 µs CPU a record to write its rows)",
     "scale_out_lag_min": "the scale-out alarm (2 of 3 minutes) + a Fargate task start: turns run on Lambda",
     "scale_in_delay_min": "the scale-in alarm waits 15 minutes: a task outlives its traffic by that much",
     "within_hour_peak": "tasks are sized for the minute-level peak of each hour, 1.25 x its mean",
     "idle_receives_per_hour": "a host's 20 s long polls (3 a minute), counted as if always empty (upper bound)",
     "ecr_image_gb": "the worker/turn-host image in ECR, compressed",
-    "model_families": "the token metrics carry model_family: each family in use is a billed metric",
     "alarms": "the turn-host tier's two scaling alarms (template); they exist whatever the traffic",
     "guard_alarms": "the template's guard-rail alarms (docs/cloud-design.md, Guard rails), whatever the traffic",
     "detailed_alarms": "template DetailedAlarms (off): per-function errors and throttles, 13 alarms more",
@@ -345,7 +347,8 @@ ASSUMPTION_WHY = {
     "sweep_rru": "16 index Queries at 0.5 RRU while no turn is unfinished",
     "export_runs": "usage_export's daily cron",
     "export_ms_base": "usage_export start-up and its S3 PUTs",
-    "export_memory_mb": "template: usage_export runs at 512 MB",
+    "export_memory_mb": "template: usage_export runs at 1769 MB (one vCPU: it is CPU-bound; streamed, it needs "
+                        "~200 MB)",
     "archive_runs": "history_archive: one invocation per 300 s batching window while TTL deletes arrive",
     "archive_ms_base": "history_archive: decode a batch of stream records",
     "archive_ms_per_put": "history_archive: one gzip PUT per session in the batch",
@@ -365,22 +368,31 @@ ASSUMPTION_WHY = {
     "day_curve": "turns per hour of the day (relative): a single-region user base, peak/average 1.6",
 }
 
-# The EMF metrics the handlers emit (observability.py, functions/*/handler.py), as metric + dimension
-# combinations that occur; each is a billed custom metric in every hour it receives data.
-# (function, metric, combinations, "turns" | "tier" | "connections" | "sweep" | "export" | "api")
-METRICS: tuple[tuple[str, str, int, str], ...] = (
-    ("chat_turn", "TurnsRun", 3, "tier"),  # status: completed, failed, interrupted
-    ("chat_turn", "TurnDuration", 3, "tier"),
-    ("chat_turn", "TurnErrors", 1, "tier"),
-    ("chat_turn", "InputTokens", -1, "tier"),  # -1: one per model family
-    ("chat_turn", "OutputTokens", -1, "tier"),
-    ("chat_turn", "CacheReadTokens", -1, "tier"),
-    ("chat_turn", "CacheWriteTokens", -1, "tier"),
-    ("ws_connect", "ConnectionsAccepted", 2, "connections"),  # auth: key, frame
-    ("ws_connect", "ConnectionsRefused", 1, "connections"),  # reason: invalid_key
-    ("ws_default", "ConnectionsAuthenticated", 1, "connections"),
-    ("ws_default", "ConnectionsRefused", 2, "connections"),  # not_authenticated, auth_timeout
-    ("http_api", "Requests", 3, "api"),  # status_class 2xx, 4xx, 5xx (key and usage management)
-    ("turn_sweep", "SweepDispatched", 1, "sweep"),  # every run, 0 or not
-    ("usage_export", "UsageExportRows", 1, "export"),  # one hour a day
+# The EMF metrics the code emits (functions/*/handler.py, agentvm/cloud/observability.py record_turns,
+# agentvm/turnhost/__main__.py), each with the dimensions `service` and `function` only: one billed
+# custom metric per line, prorated by the hours it receives data. tests/bench/test_metric_inventory.py
+# checks that this is exactly what the code emits. (function, metric, when it gets data):
+# "lambda" / "host": hours with turns on that tier (a host's heartbeat metric: hours a host runs);
+# "connections", "api", "archive": hours with traffic ("connections": on the API Gateway front; "front":
+# the same metrics from the hosts' own front with WebSocketFront=LoadBalancer); "sweep": every hour;
+# "export": one hour a day;
+# "failure": only hours with a deployment fault (a 5xx, a malformed invoke, a failed dispatch), none
+# in a healthy month. Breakdowns (status, tier, model family, reason, tenant) are log fields.
+TURN_METRICS = ("TurnsRun", "TurnDuration", "TurnErrors", "InputTokens", "OutputTokens")
+METRICS: tuple[tuple[str, str, str], ...] = (
+    *(("chat_turn", name, "lambda") for name in TURN_METRICS),
+    ("chat_turn", "InvalidPayloads", "failure"),
+    *(("turn_host", name, "host") for name in TURN_METRICS),
+    ("turn_host", "HostRunningTurns", "host"),  # the scale-in alarm's metric
+    ("turn_host", "ConnectionsAccepted", "front"),  # WebSocketFront=LoadBalancer: the host's own front
+    ("turn_host", "ConnectionsRefused", "front"),
+    ("ws_connect", "ConnectionsAccepted", "connections"),
+    ("ws_connect", "ConnectionsRefused", "connections"),
+    ("ws_default", "ConnectionsRefused", "connections"),  # auth frames refused or timed out
+    ("http_api", "Requests", "api"),
+    ("http_api", "ServerErrors", "failure"),
+    ("turn_sweep", "SweepDispatched", "sweep"),  # every run, 0 or not
+    ("turn_sweep", "SweepDispatchFailed", "failure"),
+    ("usage_export", "UsageExportRows", "export"),
+    ("history_archive", "HistoryArchivedItems", "archive"),
 )

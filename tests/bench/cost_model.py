@@ -116,7 +116,7 @@ class Model:
                 init_gb_s += cold * mb / MB_PER_GB * a.init_ms / 1000
             if fn == "chat_turn":
                 secret_calls += cold
-        log_bytes = n * (a.log_line_bytes + a.emf_bytes_per_turn + 3 * a.log_event_overhead)
+        log_bytes = n * (a.log_line_bytes + a.emf_bytes_per_turn + 2 * a.log_event_overhead)  # line + blob
         lines += [
             Line("Lambda", f"INIT of cold starts ({a.cold_start_share:.0%})", init_gb_s, p.lambda_gb_s, tier),
             Line("Lambda", "SnapStart restores (chat_turn cold starts)", restored_gb, p.snapstart_restore_gb, tier),
@@ -333,10 +333,11 @@ class Model:
     def metric_months(self, plan: dict[str, Any]) -> Decimal:
         """Custom metrics billed in the month: each combination × the share of hours it gets data."""
         busy = D(1) if plan["host_turns"] or plan["lambda_turns"] else D(0)
-        share = {"tier": plan["lambda_hours_share"] + plan["host_hours_share"], "connections": busy, "api": busy,
-                 "sweep": D(1), "export": self.a.export_runs / HOURS_PER_MONTH}
-        return sum((D(self.a.model_families if combos < 0 else combos) * share[kind]
-                    for _fn, _name, combos, kind in METRICS), D(0))
+        lb = self.load_balancer  # the connection metrics come from the hosts' front, not ws_connect/ws_default
+        share = {"lambda": plan["lambda_hours_share"], "host": plan["host_hours_share"],
+                 "connections": D(0) if lb else busy, "front": busy if lb else D(0), "api": busy, "archive": busy, "sweep": D(1), "export": self.a.export_runs / HOURS_PER_MONTH,
+                 "failure": D(0)}
+        return sum((share[kind] for _fn, _name, kind in METRICS), D(0))
 
     # ---- crossover, goals, the whole answer --------------------------------------------------------
 

@@ -64,6 +64,7 @@ class Probe:
         self.first_turn_cpu_s: float | None = None
         self.pool = Counter[str]()  # botocore_async's thread pool: calls, queued, max_in_flight, threads
         self.host: Any = None
+        self.front: Any = None  # agentvm.turnhost.__main__.Front, with AVM_TURN_HOST_WS_PORT
         self._lock = threading.Lock()
 
     def install(self) -> None:
@@ -92,6 +93,13 @@ class Probe:
                 probe.first_turn_cpu_s = time.process_time()
             take(host, request)
 
+        front_init = entry.Front.__init__
+
+        def front_and_keep(front: Any, *args: Any, **kwargs: Any) -> None:
+            front_init(front, *args, **kwargs)
+            probe.front = front
+
+        entry.Front.__init__ = front_and_keep  # type: ignore[method-assign]
         self._watch_pool()
         entry.build = build_and_keep
         TurnHost._take = take_and_note  # type: ignore[method-assign,assignment]
@@ -136,7 +144,7 @@ class Probe:
         with c.lock:
             calls = c.as_json({}, inbound=0)
         calls["bytes_out"] = self.bytes_out.bytes
-        host = self.host
+        host, front = self.host, self.front
         line = {"final": final, "wall_s": time.monotonic(), "cpu_s": time.process_time(),
                 "first_turn_cpu_s": self.first_turn_cpu_s, "rss_mb": _rss_mb(), "peak_rss_mb": _peak_rss_mb(),
                 "calls": calls, "receives": dict(self.sqs), "pool": dict(self.pool),
@@ -144,7 +152,11 @@ class Probe:
                     "received": host.counts.received, "taken": host.counts.taken, "joined": host.counts.joined,
                     "refused": host.counts.refused, "turns": host.counts.turns,
                     "by_reason": dict(host.counts.by_reason), "running": len(host.running),
-                    "vcpus": host.cpu.vcpus, "cpu_fraction": round(host.cpu.fraction(), 4)}}
+                    "vcpus": host.cpu.vcpus, "cpu_fraction": round(host.cpu.fraction(), 4),
+                    "local": host.counts.local},
+                "front": None if front is None else {
+                    "frames_out": front.sockets.frames_out, "bytes_out": front.sockets.bytes_out,
+                    **front.app.counts, **{f"peer_{k}": v for k, v in front.peers.counts.items()}}}
         with self._lock, self.out.open("a") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -4,8 +4,9 @@ One `python -m tests.bench.run --quick` run serves every test here: the load fig
 cold-import table that `make bench` prints after them. Figures are only checked to be produced and
 sane, never how fast anything is: performance claims live in `make bench` and docs/benchmarks.md
 (the 2.5 × boto3 cold-import budget included), not in timed unit tests. What a handler loads is
-deterministic, so that is asserted for every handler: none loads the anthropic SDK, aioboto3,
-aiohttp or uvicorn, and only `http_api` loads FastAPI.
+deterministic, so that is asserted for every handler: none loads the anthropic SDK, aioboto3 or
+aiohttp; only `http_api` and `chat_stream` (the two web apps) load FastAPI, and only `chat_stream` (its
+server) uvicorn. The bench covers every function of template.yaml.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 from tests.bench.cold_imports import EXPECTED, discover
 from tests.support.exclusive import exclusive
 from tests.support.servers import REPO
+from tests.template.template_model import _resources
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +31,8 @@ FIGURES = {
     "text_delta_frames_per_s", "create_pairs_per_s", "rss_bytes_per_container",
 }
 WITHOUT_BASELINE = {"rss_bytes_per_container"}
-NEVER = {"anthropic", "aioboto3", "aiobotocore", "aiohttp", "uvicorn"}
+NEVER = {"anthropic", "aioboto3", "aiobotocore", "aiohttp"}
+WEB_APPS = {"http_api", "chat_stream"}
 
 QuickRun = tuple[subprocess.CompletedProcess[str], dict[str, Any]]
 
@@ -85,8 +88,11 @@ def test_cold_imports_have_a_measured_row_per_handler(quick_run: QuickRun) -> No
         r = by_name[name]
         assert r["status"] == "ok", r
         assert len(r["samples_ms"]) == len(r["boto3_samples_ms"]) == 3, r
+        assert len(r["cpu_samples_ms"]) == len(r["boto3_cpu_samples_ms"]) == 3, r
         assert all(positive(v) for v in r["samples_ms"] + r["boto3_samples_ms"]), r
+        assert all(positive(v) for v in r["cpu_samples_ms"] + r["boto3_cpu_samples_ms"]), r
         assert positive(r["median_ms"]) and positive(r["boto3_median_ms"]) and positive(r["ratio"]), r
+        assert positive(r["cpu_ratio"]), r
         assert isinstance(r["within_limit"], bool), r
         assert r["modules"] > 0, r
         assert name in proc.stdout  # the table shows every row
@@ -102,5 +108,13 @@ def test_handler_loads_nothing_heavy(quick_run: QuickRun, name: str) -> None:
     assert row["status"] == "ok", row
     loaded = set(row["heavy"])
     assert not loaded & NEVER, loaded
-    assert ("fastapi" in loaded) == (name == "http_api"), loaded
+    assert ("fastapi" in loaded) == (name in WEB_APPS), loaded
+    assert ("uvicorn" in loaded) == (name == "chat_stream"), loaded
     assert row["loads_anthropic"] is False
+
+
+def test_the_cold_import_bench_covers_every_function_of_the_template() -> None:
+    code = {str(r["Properties"]["CodeUri"]).strip("/").removeprefix("functions/")
+            for r in _resources("AWS::Serverless::Function").values()}
+    assert code == set(EXPECTED)
+    assert set(discover()) == set(EXPECTED)  # each one is found and measured

@@ -150,7 +150,7 @@ def test_the_idle_month_is_the_deployment_alone() -> None:
         "read request units (turn_sweep)": D(175_200),  # 21,900 × 8
         "ingestion (turn_sweep EMF)": D(21_900) * (243 + 26) / GIB,
         "usage_export requests (daily)": D(30),
-        "usage_export duration (512 MB × 1000 ms)": D(15),
+        "usage_export duration (1769 MB × 1000 ms)": D(30) * 1769 / 1024,  # 30 × 1.73 GB × 1 s
         "SnapStart cache (chat_turn 256 MB × 1 version)": D(657_000),  # 0.25 GB × 730 h × 3600 s
         "custom metrics (EMF, metric × dimension combinations)": 1 + D(30) / HOURS_PER_MONTH,  # SweepDispatched
         "alarms (turn-host scaling)": D(2),
@@ -160,14 +160,18 @@ def test_the_idle_month_is_the_deployment_alone() -> None:
     }
 
 
-def test_custom_metrics_count_the_combinations_emitted() -> None:
+def test_custom_metrics_count_one_metric_per_function_and_name() -> None:
     m = Model(counts(), Assumptions(), flat_prices())
-    # chat_turn: TurnsRun 3 + TurnDuration 3 + TurnErrors 1 + 4 token metrics × 2 families = 15 per tier;
-    # connections 6; http_api 3; turn_sweep 1; usage_export one hour a day
+    # per turn tier 5 (TurnsRun, TurnDuration, TurnErrors, InputTokens, OutputTokens), + HostRunningTurns on
+    # the host tier; connections 3; http_api Requests 1; history_archive 1; turn_sweep 1 (every hour);
+    # usage_export one hour a day; failure-only metrics (ServerErrors, InvalidPayloads, SweepDispatchFailed) 0
     plan = {"host_turns": D(1), "lambda_turns": D(0), "host_hours_share": D(1), "lambda_hours_share": D(0)}
-    assert m.metric_months(plan) == 15 + 6 + 3 + 1 + D(30) / HOURS_PER_MONTH
+    assert m.metric_months(plan) == 6 + 3 + 1 + 1 + 1 + D(30) / HOURS_PER_MONTH
     both = {**plan, "host_hours_share": D("0.5"), "lambda_hours_share": D("0.75")}
-    assert m.metric_months(both) == 15 * D("1.25") + 6 + 3 + 1 + D(30) / HOURS_PER_MONTH
+    assert m.metric_months(both) == 5 * D("0.75") + 6 * D("0.5") + 3 + 1 + 1 + 1 + D(30) / HOURS_PER_MONTH
+    # behind a load balancer the hosts' front emits the 2 connection metrics instead of ws_connect/ws_default's 3
+    lb = Model(counts(), Assumptions(front="load_balancer"), flat_prices())
+    assert lb.metric_months(plan) == 6 + 2 + 1 + 1 + 1 + D(30) / HOURS_PER_MONTH
 
 
 def test_small_archive_objects_stay_in_s3_standard_and_large_ones_move_to_glacier_ir() -> None:

@@ -153,11 +153,12 @@ async def _conversation(url: str, length: int, timeout: float) -> tuple[Any, dic
 
 
 async def measure(length: int, sessions: int, *, edge: Any, store: Any, host: HostProcess, counter: CallCounter,
-                  bytes_out: BytesOut, scale: float, idle_cpu_per_s: float) -> dict[str, Any]:
-    """K sessions of `length - 1` earlier turns, then their counted turns all at once."""
+                  bytes_out: BytesOut, scale: float, idle_cpu_per_s: float, url: str | None = None) -> dict[str, Any]:
+    """K sessions of `length - 1` earlier turns, then their counted turns all at once. `url`: the
+    host's own WebSocket front (`--front`) instead of the emulated API Gateway edge."""
     turn_s = DELTAS * DELTA_GAP_MS * scale / 1000
     timeout = 60 + 6 * turn_s
-    made = await asyncio.gather(*(_conversation(edge.url, length, timeout) for _ in range(sessions)))
+    made = await asyncio.gather(*(_conversation(url or edge.url, length, timeout) for _ in range(sessions)))
     try:
         await edge.settle(include_invokes=True, timeout=60)
         invocations = len(edge.invocations)
@@ -197,7 +198,13 @@ async def measure(length: int, sessions: int, *, edge: Any, store: Any, host: Ho
     total["ddb_write_requests"] -= registry
     total["ddb_write_units"] -= registry
     total["other_calls"] = {k: v for k, v in other.items() if v}
+    if after.get("front") is not None:  # the frames went over the host's own sockets, not API Gateway
+        front = _sub(after["front"], before["front"])
+        total["bytes_out"] = total.get("bytes_out", 0) + front["bytes_out"]
     per = _per({k: v for k, v in total.items() if k not in ("lambda_invocations", "inbound_frames")}, sessions)
+    if after.get("front") is not None:
+        per["front"] = _per(front, sessions)
+        per["local_runs"] = round((after["host"]["local"] - before["host"]["local"]) / sessions, 2)
     host_wall_s = after["wall_s"] - before["wall_s"]
     # the host's idle cost (moto's short polls every 50 ms, heartbeats, the CPU sampler) is per second
     gross_s = after["cpu_s"] - before["cpu_s"]
@@ -220,7 +227,7 @@ async def measure(length: int, sessions: int, *, edge: Any, store: Any, host: Ho
 
 
 async def bench(quick: bool, sessions: int, lengths: list[int], *, endpoint: str, tmp: Path,
-                heartbeat_s: float, long_sessions: int) -> dict[str, Any]:
+                heartbeat_s: float, long_sessions: int, front: bool = False) -> dict[str, Any]:
     from agentvm.adapters.aws.botocore_async import default_session
     from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
     from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
@@ -244,6 +251,16 @@ async def bench(quick: bool, sessions: int, lengths: list[int], *, endpoint: str
            "AVM_TURN_QUEUE_URL": create_queue(endpoint), "AVM_TURN_HOST_POLL_S": "0",
            "AVM_TURN_HOST_HEARTBEAT_S": str(heartbeat_s), "AVM_TURN_HOST_VCPU": str(VCPU),
            "AVM_LOG_LEVEL": "WARNING"}
+    url = None
+    if front:
+        from urllib.parse import quote
+
+        from tests.support.servers import free_port
+
+        ws_port = free_port()
+        env.update(AVM_TURN_HOST_WS_PORT=str(ws_port), AVM_TURN_HOST_PEER_PORT=str(free_port()),
+                   AVM_TURN_HOST_ADDRESS="127.0.0.1")
+        url = f"ws://127.0.0.1:{ws_port}/?token={quote(token, safe='')}"
     counter = CallCounter()
     counter.install(default_session())
     bytes_out = BytesOut(counter)
@@ -258,7 +275,7 @@ async def bench(quick: bool, sessions: int, lengths: list[int], *, endpoint: str
                     await _registered(store, host, DIRECTORY_CACHE_S)
                     started = await host.snapshot()
                     await measure(1, 1, edge=edge, store=store, host=host, counter=counter,  # a warm-up turn
-                                  bytes_out=bytes_out, scale=scale, idle_cpu_per_s=0.0)
+                                  bytes_out=bytes_out, scale=scale, idle_cpu_per_s=0.0, url=url)
                     idle = await host.snapshot()
                     await asyncio.sleep(IDLE_S)
                     idle_cpu_per_s = ((await host.snapshot())["cpu_s"] - idle["cpu_s"]) / IDLE_S
@@ -266,7 +283,7 @@ async def bench(quick: bool, sessions: int, lengths: list[int], *, endpoint: str
                         k = sessions if length == 1 else min(sessions, long_sessions)
                         results[str(length)] = await measure(length, k, edge=edge, store=store, host=host,
                                                              counter=counter, bytes_out=bytes_out, scale=scale,
-                                                             idle_cpu_per_s=idle_cpu_per_s)
+                                                             idle_cpu_per_s=idle_cpu_per_s, url=url)
                 finally:
                     code = await host.stop()
                 if code != 0:
@@ -299,7 +316,8 @@ def summarise(quick: bool, sessions: int, results: Mapping[str, Any], final: Map
             "tiers": {"host": {k: {c: v for c, v in r.items() if c not in host_keys} for k, r in results.items()}}}
 
 
-def run(quick: bool, sessions: int, lengths: list[int], heartbeat_s: float, long_sessions: int) -> dict[str, Any]:
+def run(quick: bool, sessions: int, lengths: list[int], heartbeat_s: float, long_sessions: int,
+        front: bool = False) -> dict[str, Any]:
     from moto.server import ThreadedMotoServer
 
     from tests.aws_fixtures import _OneAtATime, exact_moto_numbers
@@ -316,7 +334,7 @@ def run(quick: bool, sessions: int, lengths: list[int], heartbeat_s: float, long
                 AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
                 AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true"):
             return asyncio.run(bench(quick, sessions, lengths, endpoint=f"http://{host}:{port}", tmp=Path(tmp),
-                                     heartbeat_s=heartbeat_s, long_sessions=long_sessions))
+                                     heartbeat_s=heartbeat_s, long_sessions=long_sessions, front=front))
     finally:
         server.stop()
 
@@ -347,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-sessions", type=int, default=3,
                         help="sessions at conversation lengths above 1 (their earlier turns take a while)")
     parser.add_argument("--heartbeat-s", type=float, default=10.0, help="AVM_TURN_HOST_HEARTBEAT_S")
+    parser.add_argument("--front", action="store_true",
+                        help="clients on the host's own WebSocket front (AVM_TURN_HOST_WS_PORT), not API Gateway")
     parser.add_argument("--json", type=Path, help="write the figures here (the host tier's part of aws-calls.json)")
     parser.add_argument("--into", type=Path, help="add them to this counts file of tests.bench.aws_calls "
                                                   "(its `host` and `tiers.host`), the cost model's input")
@@ -354,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     sessions = args.sessions or (5 if args.quick else 20)
     lengths = [int(x) for x in (args.lengths or ("1,2,3" if args.quick else "1,20,100")).split(",")]
     long_sessions = sessions if args.quick else args.long_sessions
-    data = run(args.quick, sessions, lengths, args.heartbeat_s, long_sessions)
+    data = run(args.quick, sessions, lengths, args.heartbeat_s, long_sessions, front=args.front)
     print(report(data))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

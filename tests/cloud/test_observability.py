@@ -107,8 +107,9 @@ def request(type_: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"type": type_, "timestamp": 1, "data": {**data, "requestId": f"r-{uuid.uuid4().hex[:6]}"}}
 
 
-def test_chat_turn_emits_turn_token_and_duration_metrics_without_ids(
-        cloud: cloud_runtime.CloudRuntime, scripted: ScriptedDriver, capsys: pytest.CaptureFixture[str]) -> None:
+def test_chat_turn_emits_turn_token_and_duration_totals_and_logs_the_breakdowns(
+        cloud: cloud_runtime.CloudRuntime, scripted: ScriptedDriver, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
     key, _token = new_key(TENANT)
     cloud_runtime.run(DynamoDBKeys(cloud.store).put_key(key))
     conn = f"obs{uuid.uuid4().hex[:10]}="
@@ -129,25 +130,31 @@ def test_chat_turn_emits_turn_token_and_duration_metrics_without_ids(
     assert tenant == TENANT
     capsys.readouterr()
 
-    assert load_handler("chat_turn").handler({"tenantId": TENANT, "sessionId": session_id}, None) == {"ran": 1}
+    with caplog.at_level(logging.INFO, logger="agentvm.engine.runner"):
+        assert load_handler("chat_turn").handler({"tenantId": TENANT, "sessionId": session_id}, None) == {"ran": 1}
 
     out = capsys.readouterr().out
     blobs = emf_blobs(out)
     metrics = metrics_of(blobs)
     [(unit, values, dims)] = metrics["TurnsRun"]
     assert (unit, values) == ("Count", [1.0])
-    assert dims == {"service": "agentvm", "function": "chat_turn", "status": "completed", "tier": "function"}
-    expected = {"InputTokens": 120.0, "OutputTokens": 8.0, "CacheReadTokens": 30.0, "CacheWriteTokens": 5.0}
+    only_function = {"service": "agentvm", "function": "chat_turn"}
+    assert dims == only_function
+    expected = {"InputTokens": 120.0, "OutputTokens": 8.0}
     for name, value in expected.items():
         [(unit, values, dims)] = metrics[name]
-        assert (unit, values) == ("Count", [value]), name
-        assert dims == {"service": "agentvm", "function": "chat_turn", "tier": "function",
-                        "model_family": "scripted"}
+        assert (unit, values, dims) == ("Count", [value], only_function), name
     [(unit, values, dims)] = metrics["TurnDuration"]
     assert unit == "Milliseconds" and len(values) == 1 and values[0] >= 0
-    assert dims["status"] == "completed"
+    assert dims == only_function
     assert "TurnErrors" not in metrics  # the turn did not fail
     assert set(metrics) == {"TurnsRun", "TurnDuration", *expected}
+    # the breakdowns are log fields (Logs Insights), not billed dimensions
+    [finished] = [r for r in caplog.records if r.getMessage() == "turn finished"]
+    assert {k: getattr(finished, k) for k in ("status", "tier", "model_family", "input_tokens", "output_tokens",
+                                              "cache_read_tokens", "cache_write_tokens", "tenant_id")} == {
+        "status": "completed", "tier": "function", "model_family": "scripted", "input_tokens": 120,
+        "output_tokens": 8, "cache_read_tokens": 30, "cache_write_tokens": 5, "tenant_id": TENANT}
 
     [turn] = cloud_runtime.run(cloud.store.list_turns(TENANT, session_id))
     assert (turn.usage.input_tokens, turn.usage.output_tokens) == (120, 8)  # what the metrics say
@@ -167,20 +174,23 @@ def test_connect_counts_accepted_and_refused_connections(cloud: cloud_runtime.Cl
     blobs = emf_blobs(capsys.readouterr().out)
     assert len(blobs) == 3  # one flush per invocation
     metrics = metrics_of(blobs)
-    assert sorted((v, d["auth"]) for _u, v, d in metrics["ConnectionsAccepted"]) == [([1.0], "frame"),
-                                                                                    ([1.0], "key")]
-    [(unit, values, dims)] = metrics["ConnectionsRefused"]
-    assert (unit, values, dims) == ("Count", [1.0], {"service": "agentvm", "function": "ws_connect",
-                                                     "reason": "invalid_key"})
+    only_function = {"service": "agentvm", "function": "ws_connect"}
+    assert metrics["ConnectionsAccepted"] == [("Count", [1.0], only_function)] * 2  # a key, an auth frame to come
+    assert metrics["ConnectionsRefused"] == [("Count", [1.0], only_function)]
     assert_no_ids(blobs, {TENANT, key.key_id, event("ws_connect")["requestContext"]["connectionId"]})
 
 
-def test_http_api_counts_requests_by_status_class(capsys: pytest.CaptureFixture[str]) -> None:
-    response = load_handler("http_api").handler(event("http_health"), None)
+def test_http_api_counts_requests_and_server_errors_apart(capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    handler = load_handler("http_api")
+    response = handler.handler(event("http_health"), None)
     assert response["statusCode"] == 200
-    [(unit, values, dims)] = metrics_of(emf_blobs(capsys.readouterr().out))["Requests"]
-    assert (unit, values, dims) == ("Count", [1.0], {"service": "agentvm", "function": "http_api",
-                                                     "status_class": "2xx"})
+    only_function = {"service": "agentvm", "function": "http_api"}
+    assert metrics_of(emf_blobs(capsys.readouterr().out)) == {"Requests": [("Count", [1.0], only_function)]}
+    monkeypatch.setattr(handler, "_asgi", lambda event, context: {"statusCode": 503})
+    assert handler.handler(event("http_health"), None)["statusCode"] == 503
+    assert metrics_of(emf_blobs(capsys.readouterr().out)) == {"Requests": [("Count", [1.0], only_function)],
+                                                              "ServerErrors": [("Count", [1.0], only_function)]}
 
 
 def test_an_invocation_without_metrics_prints_no_blob(cloud: cloud_runtime.CloudRuntime,
@@ -195,21 +205,24 @@ def test_metrics_are_flushed_when_the_handler_raises(capsys: pytest.CaptureFixtu
 
     @obs.handler
     def broken(event: Any, context: Any) -> None:
-        obs.metric("Attempts", observability.Count, 2, tier="function")
+        obs.metric("Attempts", observability.Count, 2)
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
         broken({}, None)
     [(unit, values, dims)] = metrics_of(emf_blobs(capsys.readouterr().out))["Attempts"]
-    assert (unit, values, dims["function"], dims["tier"]) == ("Count", [2.0], "unit", "function")
+    assert (unit, values, dims) == ("Count", [2.0], {"service": "agentvm", "function": "unit"})
 
 
-def test_only_low_cardinality_dimensions_are_accepted() -> None:
+def test_no_dimension_but_the_function_is_accepted() -> None:
     metrics = observability.InvocationMetrics("unit")
-    with pytest.raises(ValueError, match="not low-cardinality"):
+    with pytest.raises(ValueError, match=r"dimension\(s\) \['tenant_id'\] are not allowed"):
         metrics.add("TurnsRun", observability.Count, 1, tenant_id="acme")
-    with pytest.raises(ValueError, match="not low-cardinality"):
+    with pytest.raises(ValueError, match=r"dimension\(s\) \['session'\] are not allowed"):
         metrics.add("TurnsRun", observability.Count, 1, session="sess_1")
+    for breakdown in ("model_family", "tier", "status", "reason", "status_class", "auth"):
+        with pytest.raises(ValueError, match="put breakdowns in log fields"):
+            metrics.add("TurnsRun", observability.Count, 1, **{breakdown: "x"})
     assert not metrics
 
 

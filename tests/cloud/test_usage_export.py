@@ -10,6 +10,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import boto3
 import pytest
@@ -18,8 +19,10 @@ from agentvm.cloud import runtime as cloud_runtime
 from agentvm.domain.models import Usage
 from agentvm.domain.usage import UsageRecord
 from agentvm.money import cost_of
+from agentvm.services.usage_export import focus_csv
 from tests.cloud.conftest import cloud_runtime_on
 from tests.support.cloud_edge import load_handler
+from tests.support.focus import assert_valid_focus
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ def record(tenant: str, n: int, day: int, usage: Usage) -> UsageRecord:
 
 
 def test_the_daily_run_writes_the_day_and_the_month_to_date(cloud: cloud_runtime.CloudRuntime,
-                                                            moto_endpoint: str) -> None:
+                                                            moto_endpoint: str, tmp_path: Path) -> None:
     records = [record("acme", 1, 4, Usage(100, 10)), record("acme", 2, 5, Usage(200, 20, 50)),
                record("globex", 1, 5, Usage(300, 30)), record("globex", 2, 6, Usage(400, 40))]
     for r in records:
@@ -67,6 +70,11 @@ def test_the_daily_run_writes_the_day_and_the_month_to_date(cloud: cloud_runtime
     monthly = rows("exports/focus/monthly/2026-11.csv")
     assert sum(Decimal(r["BilledCost"]) for r in monthly) == sum(r.billed_cost for r in records)
     assert {r["BillingPeriodStart"] for r in monthly} == {"2026-11-01T00:00:00Z"}
+    # the streamed file: charge-time order, each record's rows as the small export writes them
+    text = s3.get_object(Bucket=bucket, Key="exports/focus/monthly/2026-11.csv")["Body"].read().decode()
+    assert text == focus_csv(records[:1], billing_period="2026-11") + "".join(
+        focus_csv([rec], billing_period="2026-11").split("\n", 1)[1] for rec in records[1:])
+    assert_valid_focus(text, tmp_path / "monthly.csv")  # the official validator (.venv-focus)
 
 
 def test_a_bad_day_is_refused_with_the_field_named(cloud: cloud_runtime.CloudRuntime) -> None:

@@ -6,6 +6,11 @@
 * `cloud-host`: the same edge with the turn-host tier (AVM_TURN_QUEUE_URL, a moto SQS queue) and a
   turn host in this process (tests/support/turn_hosts.py) that runs every turn: at teardown no
   `chat_turn` was invoked.
+* `cloud-hostws`: the turn-host tier with its own WebSocket front (WebSocketFront=LoadBalancer): the
+  clients connect to the host in this process (tests/support/turn_hosts.py, `front=True`), which
+  runs the route code of `ws_connect`/`ws_default`/`ws_disconnect` and every turn itself; the
+  emulated edge only serves the Lambda Invoke API. At teardown no `chat_turn` and no `ws_default`
+  was invoked.
 
 Scenarios take `server` (or `make_server` for their own driver or settings) and use only the
 common `Server` interface below. A scenario that is about the local process itself carries
@@ -32,7 +37,7 @@ from tests.support.stock_client import StockClient
 
 __all__ = ["aws_env", "aws_session", "moto_endpoint"]
 
-BACKENDS = ["local", "cloud", "cloud-host"]
+BACKENDS = ["local", "cloud", "cloud-host", "cloud-hostws"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -170,6 +175,50 @@ class CloudHostServer(CloudServer):
         await asyncio.to_thread(old.stop)
 
 
+class CloudFrontServer(CloudHostServer):
+    backend = "cloud-hostws"
+
+    def __init__(self, edge: Any, store: Store, holder: _DriverHolder, host: Any, token: str) -> None:
+        super().__init__(edge, store, holder, host)
+        self._token = token
+
+    @property
+    def url(self) -> str:
+        from urllib.parse import quote
+
+        return f"ws://127.0.0.1:{os.environ['AVM_TURN_HOST_WS_PORT']}/ws?token={quote(self._token, safe='')}"
+
+    async def restart(self, *, driver: Driver | None = None) -> None:
+        """A new task behind the load balancer: the old host drains (its sockets are closed, as on a
+        `local` restart), the new one listens on the same port (the load balancer's one URL)."""
+        from tests.support.turn_hosts import InProcessHost
+
+        if driver is not None:
+            self._holder.driver = driver
+        self.edge.restart()
+        await asyncio.to_thread(self.host.stop)
+        self.host = await asyncio.to_thread(InProcessHost(front=True).start)
+
+    def connection_ids(self) -> set[str]:
+        return set(self.host.front.sockets.ids())
+
+    def drop(self, connection_id: str) -> None:
+        from agentvm.turnhost.front import GOING_AWAY
+
+        assert self.host.loop is not None
+        asyncio.run_coroutine_threadsafe(self.host.front.sockets.close(connection_id, GOING_AWAY, "Going away"),
+                                         self.host.loop).result(10)
+
+    async def settle(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        await asyncio.sleep(0.02)
+        while self.host.front.app._inflight:  # the frames received so far are handled
+            assert loop.time() < deadline, "the host's front did not settle"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)
+
+
 class _DriverHolder:
     def __init__(self, driver: Driver | None) -> None:
         self.driver = driver
@@ -187,7 +236,7 @@ async def _local(request: pytest.FixtureRequest, driver: Driver | None, **settin
 
 
 @contextlib.asynccontextmanager
-async def _cloud(request: pytest.FixtureRequest, driver: Driver | None, *, host: bool = False,
+async def _cloud(request: pytest.FixtureRequest, driver: Driver | None, *, host: bool = False, front: bool = False,
                  **settings: Any) -> AsyncIterator[Server]:
     from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
     from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
@@ -217,6 +266,11 @@ async def _cloud(request: pytest.FixtureRequest, driver: Driver | None, *, host:
         # poll 0: moto serves one request at a time, a long poll would hold every other call
         env.update(AVM_TURN_QUEUE_URL=create_queue(moto), AVM_TURN_HOST_POLL_S="0",
                    AVM_TURN_HOST_HEARTBEAT_S="1")
+    if front:
+        from tests.support.servers import free_port
+
+        env.update(AVM_TURN_HOST_WS_PORT=str(free_port()), AVM_TURN_HOST_PEER_PORT=str(free_port()),
+                   AVM_TURN_HOST_ADDRESS="127.0.0.1")
     try:
         async with cloud_edge(moto_endpoint=moto, token=token, table_name=table) as edge:
             for name, value in {**edge.handler_env(), **env}.items():
@@ -224,17 +278,21 @@ async def _cloud(request: pytest.FixtureRequest, driver: Driver | None, *, host:
             if not host:
                 yield CloudServer(edge, store, holder)
                 return
-            async with _turn_host(edge, store, holder) as server:
+            async with _turn_host(edge, store, holder, token if front else None) as server:
                 yield server
     finally:
         await store.close()
 
 
 @contextlib.asynccontextmanager
-async def _turn_host(edge: Any, store: Store, holder: _DriverHolder) -> AsyncIterator[Server]:
+async def _turn_host(edge: Any, store: Store, holder: _DriverHolder, front_token: str | None) -> AsyncIterator[Server]:
     from tests.support.turn_hosts import InProcessHost, queue_depth
 
-    server = CloudHostServer(edge, store, holder, await asyncio.to_thread(InProcessHost().start))
+    if front_token is None:
+        server = CloudHostServer(edge, store, holder, await asyncio.to_thread(InProcessHost().start))
+    else:
+        server = CloudFrontServer(edge, store, holder, await asyncio.to_thread(InProcessHost(front=True).start),
+                                  front_token)
     try:
         yield server
         # every turn dispatched so far is run by the host before the assertion
@@ -247,6 +305,8 @@ async def _turn_host(edge: Any, store: Store, holder: _DriverHolder) -> AsyncIte
             await asyncio.sleep(0.05)
         await edge.settle(include_invokes=True, timeout=30)
         assert edge.calls("chat_turn") == [], "turns ran on chat_turn while a turn host took turns"
+        if front_token is not None:
+            assert edge.calls("ws_default") == [], "frames went through API Gateway, not the host's front"
         assert server.host.host is not None and server.host.host.counts.refused == 0
     finally:
         await asyncio.to_thread(server.host.stop)
@@ -258,7 +318,8 @@ def make_server(request: pytest.FixtureRequest) -> MakeServer:
     def make(driver: Driver | None = None, **settings: Any) -> contextlib.AbstractAsyncContextManager[Server]:
         if request.param == "local":
             return _local(request, driver, **settings)
-        return _cloud(request, driver, host=request.param == "cloud-host", **settings)
+        return _cloud(request, driver, host=request.param in ("cloud-host", "cloud-hostws"),
+                      front=request.param == "cloud-hostws", **settings)
 
     return make
 

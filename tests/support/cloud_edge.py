@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import importlib.util
 import itertools
 import json
@@ -69,6 +70,7 @@ from moto.core.models import DEFAULT_ACCOUNT_ID
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tests.support import aws_calls
 from tests.support.lambda_process import ProcessEnvironments
 from tests.support.servers import free_port
 
@@ -271,7 +273,22 @@ def _load(path: Path) -> ModuleType:
         raise ImportError(f"cannot load handler module {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    _record_aws_calls(module, function_label(path))
     return module
+
+
+def _record_aws_calls(module: ModuleType, label: str) -> None:
+    """Its AWS calls are recorded as the function's (tests/support/aws_calls.py)."""
+    handler = getattr(module, "handler", None)
+    if not callable(handler):
+        return
+
+    @functools.wraps(handler)
+    def recorded(event: Any, context: Any) -> Any:
+        with aws_calls.invoking(label):
+            return handler(event, context)
+
+    module.handler = recorded  # type: ignore[attr-defined]
 
 
 def _pending_tasks() -> list[str]:

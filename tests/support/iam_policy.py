@@ -264,6 +264,23 @@ def _keys(*pks: str) -> dict[str, tuple[str, ...]]:
     return {"dynamodb:LeadingKeys": tuple(pks)}
 
 
+def _function_arn(name: str, qualifier: str | None) -> str:
+    """Lambda's FunctionName (a name, `name:qualifier`, or an ARN) as the ARN IAM checks."""
+    if not name.startswith("arn:"):
+        name = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
+    return f"{name}:{qualifier}" if qualifier else name
+
+
+def _ecs_arn(kind: str, name: str) -> str:
+    return name if name.startswith("arn:") else f"arn:aws:ecs:{REGION}:{ACCOUNT}:{kind}/{name}"
+
+
+def _queue_arn(url: str) -> str:
+    """`https://sqs.<region>.amazonaws.com/<account>/<name>` (or moto's `http://host:port/...`) as an ARN."""
+    account, name = url.rstrip("/").split("/")[-2:]
+    return f"arn:aws:sqs:{REGION}:{account}:{name}"
+
+
 def authorizations(service: str, operation: str, params: Mapping[str, Any], *,
                    ws_api: str = "wsapi", ws_stage: str = "live") -> list[Check]:
     """The checks AWS makes for one API call (raises Unsupported for calls this module does not know)."""
@@ -303,6 +320,10 @@ def authorizations(service: str, operation: str, params: Mapping[str, Any], *,
             return [Check(f"s3:{operation}", obj)]
         if operation == "DeleteObjects":
             return [Check("s3:DeleteObject", f"arn:aws:s3:::{p['Bucket']}/{o['Key']}") for o in p["Delete"]["Objects"]]
+        if operation in ("CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"):
+            return [Check("s3:PutObject", obj)]  # a multipart upload is authorised as the PutObject it makes
+        if operation == "AbortMultipartUpload":
+            return [Check("s3:AbortMultipartUpload", obj)]
         if operation in ("ListObjectsV2", "ListObjects"):
             context = {"s3:prefix": (p["Prefix"],)} if "Prefix" in p else {}
             return [Check("s3:ListBucket", f"arn:aws:s3:::{p['Bucket']}", context)]
@@ -316,6 +337,24 @@ def authorizations(service: str, operation: str, params: Mapping[str, Any], *,
         names = [name] if name else list(p["Names"])
         arn = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter"
         return [Check(f"ssm:{operation}", arn + (n if n.startswith("/") else "/" + n)) for n in names]
+    if service == "lambda" and operation == "Invoke":
+        return [Check("lambda:InvokeFunction", _function_arn(p["FunctionName"], p.get("Qualifier")))]
+    if service == "sqs":
+        # a batch is authorised as its single-message action (there is no sqs:DeleteMessageBatch)
+        action = {"SendMessageBatch": "SendMessage", "DeleteMessageBatch": "DeleteMessage",
+                  "ChangeMessageVisibilityBatch": "ChangeMessageVisibility"}.get(operation, operation)
+        if action not in ("SendMessage", "ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility",
+                          "GetQueueAttributes", "GetQueueUrl"):
+            raise Unsupported(f"sqs:{operation}")
+        return [Check(f"sqs:{action}", _queue_arn(p["QueueUrl"]))]
+    if service == "ecs" and operation == "RunTask":
+        cluster = _ecs_arn("cluster", p.get("cluster", "default"))
+        definition = _ecs_arn("task-definition", p["taskDefinition"])
+        checks = [Check("ecs:RunTask", definition, {"ecs:cluster": (cluster,)})]
+        if p.get("tags") or p.get("propagateTags"):  # tags on the new task: tag-on-create
+            task = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{cluster.rsplit('/', 1)[-1]}/new-task"
+            checks.append(Check("ecs:TagResource", task, {"ecs:CreateAction": ("RunTask",)}))
+        return checks
     if service == "secretsmanager" and operation == "GetSecretValue":
         return [Check("secretsmanager:GetSecretValue", p["SecretId"])]
     if service == "sts" and operation == "AssumeRole":

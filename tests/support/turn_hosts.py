@@ -12,6 +12,7 @@ from typing import Any
 
 from agentvm.adapters.aws.botocore_async import dummy_session
 from agentvm.turnhost.host import TurnHost
+from tests.support import aws_calls
 
 REGION = "us-east-1"
 
@@ -37,8 +38,12 @@ def queue_depth(moto_endpoint: str, url: str) -> int:
 class InProcessHost:
     """`start()` runs a TurnHost on a thread of its own until `stop()` (a drain, as on SIGTERM)."""
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, *, front: bool = False) -> None:
+        """`front`: also its own WebSocket front and internal endpoint, on the ports of
+        AVM_TURN_HOST_WS_PORT and AVM_TURN_HOST_PEER_PORT (`self.front`)."""
         self.name = name or f"host-test-{uuid.uuid4().hex[:8]}"
+        self.with_front = front
+        self.front: Any = None
         self.host: TurnHost | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.error: BaseException | None = None
@@ -71,16 +76,30 @@ class InProcessHost:
 
     def _main(self) -> None:
         from agentvm.cloud import runtime as cloud_runtime
-        from agentvm.turnhost.__main__ import build
+        from agentvm.turnhost.__main__ import build, new_front, start_front
         from tests.support.cloud_edge import _teardown_environment
 
+        aws_calls.install()
+        token = aws_calls.CURRENT.set("turn_host")  # its AWS calls are the task role's
         try:
             self.loop = cloud_runtime.loop()
             rt = cloud_runtime.runtime()
             self.loop.run_until_complete(rt.ready())
-            self.host = build(rt, name=self.name)
-            self.drained = self.loop.run_until_complete(self.host.serve())
+            if not self.with_front:
+                self.host = build(rt, name=self.name)
+                self.drained = self.loop.run_until_complete(self.host.serve())
+                return
+            front, endpoint = self.loop.run_until_complete(new_front(rt, self.name))
+            host = build(rt, name=self.name, endpoint=endpoint)
+            self.loop.run_until_complete(start_front(rt, front, host))
+            self.front, self.host = front, host
+            try:
+                self.drained = self.loop.run_until_complete(host.serve())
+            finally:
+                self.loop.run_until_complete(front.stop())
+                self.loop.run_until_complete(host.deregister())
         except BaseException as exc:
             self.error = exc
         finally:
             _teardown_environment()
+            aws_calls.CURRENT.reset(token)

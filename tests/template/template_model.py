@@ -69,6 +69,8 @@ LAYER_MUST_HAVE = ("pydantic", "pydantic-settings", "orjson", "httpx", "pyyaml",
                    "aws-lambda-powertools", "mangum", "fastapi", "starlette")
 WS_API_ARN_PREFIX = "arn:${AWS::Partition}:execute-api:${AWS::Region}:${AWS::AccountId}:${WebSocketApi}/"
 CONFIG_PARAMETER_ARN = "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/agentvm/${AWS::StackName}"
+#: The functions serving PUT/DELETE /v1/config/{key} (the config center's runtime layer in SSM).
+CONFIG_WRITERS = {"HttpApiFunction", "ChatStreamFunction"}
 NO_VALUE = {"Ref": "AWS::NoValue"}
 STREAM_READ = {"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator", "dynamodb:ListStreams"}
 

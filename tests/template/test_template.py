@@ -20,9 +20,11 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.template.conditions import stack
 from tests.template.template_model import (
     CHAT_TURN_STARTERS,
     CONFIG_PARAMETER_ARN,
+    CONFIG_WRITERS,
     FUNCTIONS,
     LAYER_MUST_HAVE,
     LAYER_REQUIREMENTS,
@@ -203,9 +205,12 @@ def test_function_is_small_arm64_python312(name: str) -> None:
     if isinstance(memory, dict):
         parameter = parameters[memory["Ref"]]
         assert 256 <= parameter["Default"] <= 512 and parameter["MaxValue"] <= 1024
+    elif name == "UsageExportFunction":  # CPU-bound: one vCPU costs the same GB-seconds a record, runs faster
+        assert memory == 1769
     else:
         assert 256 <= memory <= 512
-    limit = 900 if name in TURN_RUNNERS else 300 if name in SCHEDULED + STREAM_CONSUMERS else 29
+    limit = 900 if name in (*TURN_RUNNERS, "UsageExportFunction") else 300 if name in SCHEDULED + STREAM_CONSUMERS \
+        else 29
     assert 1 <= function["Timeout"] <= limit
     for key in ("VpcConfig", "ProvisionedConcurrencyConfig", "FileSystemConfigs", "Tracing", "DeploymentPreference"):
         assert key not in function, f"{name}: {key} costs money while idle or per request"
@@ -246,21 +251,24 @@ def test_no_vpc_nat_or_always_on_capacity() -> None:
     # endpoints; no NAT gateway, no elastic IP, no interface endpoint (each billed by the hour).
     free_network = {"AWS::EC2::VPC", "AWS::EC2::Subnet", "AWS::EC2::InternetGateway", "AWS::EC2::VPCGatewayAttachment",
                     "AWS::EC2::RouteTable", "AWS::EC2::Route", "AWS::EC2::SubnetRouteTableAssociation",
-                    "AWS::EC2::SecurityGroup", "AWS::EC2::VPCEndpoint"}
+                    "AWS::EC2::SecurityGroup", "AWS::EC2::SecurityGroupIngress", "AWS::EC2::VPCEndpoint"}
     for name, resource in _resources().items():
         if resource["Type"].startswith("AWS::EC2::"):
             assert resource["Type"] in free_network, name
-            assert resource.get("Condition") == "HasWorkerImage", name
+            # the load balancer front's security groups (WebSocketFront=LoadBalancer, test_front.py)
+            assert resource.get("Condition") in ("HasWorkerImage", "LoadBalancerFront"), name
             if resource["Type"] == "AWS::EC2::VPCEndpoint":
                 assert resource["Properties"]["VpcEndpointType"] == "Gateway", name
     assert "AWS::EC2::NatGateway" not in types
     # ECS: tasks are started on demand (no instances); the one service is the turn hosts', at 0 tasks
     # unless Application Auto Scaling (minimum 0) adds some
     assert not types & {"AWS::AutoScaling::AutoScalingGroup", "AWS::EC2::Instance", "AWS::ECS::CapacityProvider"}
+    # (with the default WebSocketFront; the load balancer front keeps one task: test_front.py)
     services = _resources("AWS::ECS::Service")
     assert list(services) == ["TurnHostService"]
-    assert services["TurnHostService"]["Properties"]["DesiredCount"] == 0
-    targets = _resources("AWS::ApplicationAutoScaling::ScalableTarget")
+    created, _ = stack(WorkerImageUri="123456789012.dkr.ecr.us-east-1.amazonaws.com/w:1")
+    assert created["TurnHostService"]["Properties"]["DesiredCount"] == 0
+    targets = {name: r for name, r in created.items() if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"}
     assert [t["Properties"]["MinCapacity"] for t in targets.values()] == [0]
     # (ReservedConcurrentExecutions is free: tests/template/test_guard_rails.py)
     forbidden = {"ProvisionedConcurrencyConfig", "ProvisionedConcurrentExecutions", "ProvisionedThroughput",
@@ -268,7 +276,10 @@ def test_no_vpc_nat_or_always_on_capacity() -> None:
     assert not [key for key, _ in _walk(_template()) if key in forbidden]
     expensive = {"AWS::ElasticLoadBalancingV2::LoadBalancer", "AWS::RDS::DBInstance", "AWS::RDS::DBCluster",
                  "AWS::ElastiCache::CacheCluster", "AWS::KMS::Key", "AWS::ApiGateway::RestApi"}
-    assert not types & expensive
+    assert not {r["Type"] for r in created.values()} & expensive
+    # the one exception: the load balancer front, only when asked for (WebSocketFront=LoadBalancer)
+    assert {name for name, r in _resources().items() if r["Type"] in expensive} == {"FrontLoadBalancer"}
+    assert _resource("FrontLoadBalancer")["Condition"] == "LoadBalancerFront"
     stage = _resource("WebSocketStage")["Properties"]
     assert stage["DefaultRouteSettings"]["DetailedMetricsEnabled"] is False
     assert stage["DefaultRouteSettings"]["DataTraceEnabled"] is False
@@ -419,8 +430,9 @@ def test_policies_are_least_privilege(name: str) -> None:
                     assert re.fullmatch(r"\$\{Bucket\.Arn\}/[a-z]+/\*", text), f"{name}: whole bucket {text}"
             elif service == "ssm":
                 reads = {"ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath"}
-                # only the management API writes the config center's runtime layer, and only under its path
-                writes = {"ssm:PutParameter", "ssm:DeleteParameter"} if name == "HttpApiFunction" else set()
+                # only the HTTP apps (http_api, chat_stream: PUT/DELETE /v1/config/{key}) write the config
+                # center's runtime layer, and only under its path
+                writes = {"ssm:PutParameter", "ssm:DeleteParameter"} if name in CONFIG_WRITERS else set()
                 assert set(actions) <= reads | writes, f"{name}: {actions}"
                 if set(actions) & writes:
                     assert text == CONFIG_PARAMETER_ARN + "/*", f"{name}: writes {text}"
@@ -523,7 +535,9 @@ def test_the_usage_export_runs_daily_on_a_schedule_with_no_idle_cost() -> None:
         "RetryPolicy": {"MaximumRetryAttempts": 2}}}]
     s3 = [st for st in _statements("UsageExportFunction") if _as_list(st["Action"])[0].startswith("s3:")]
     assert [(_as_list(st["Action"]), _text(st["Resource"])) for st in s3] == [
-        (["s3:PutObject"], "${Bucket.Arn}/exports/*")]
+        (["s3:PutObject", "s3:AbortMultipartUpload"], "${Bucket.Arn}/exports/*")]  # multipart (s3_upload.py)
+    # streamed: one vCPU for a CPU-bound run, and Lambda's longest (tests/cloud/test_usage_export_stream.py)
+    assert (_function("UsageExportFunction")["MemorySize"], _function("UsageExportFunction")["Timeout"]) == (1769, 900)
 
 
 def test_the_turn_sweep_runs_on_a_schedule_and_only_reads_and_starts_chat_turn() -> None:
@@ -543,8 +557,9 @@ def test_the_turn_sweep_runs_on_a_schedule_and_only_reads_and_starts_chat_turn()
 
 def test_outputs() -> None:
     outputs = _template()["Outputs"]
-    assert _text(outputs["WebSocketUrl"]["Value"]).startswith("wss://${WebSocketApi}.execute-api.")
-    assert _text(outputs["WebSocketUrl"]["Value"]).endswith("/${WebSocketStageName}")
+    _, default = stack()  # WebSocketFront=LoadBalancer names the load balancer instead (test_front.py)
+    assert _text(default["WebSocketUrl"]["Value"]).startswith("wss://${WebSocketApi}.execute-api.")
+    assert _text(default["WebSocketUrl"]["Value"]).endswith("/${WebSocketStageName}")
     assert _text(outputs["HttpApiUrl"]["Value"]).startswith("https://${HttpApi}.execute-api.")
     assert outputs["TableName"]["Value"] == {"Ref": "Table"}
     assert outputs["BucketName"]["Value"] == {"Ref": "Bucket"}

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.template.conditions import stack
 from tests.template.template_model import (
     CONFIG_PARAMETER_ARN,
     FUNCTIONS,
@@ -157,7 +158,9 @@ def test_the_turn_queue() -> None:
 
 
 def test_the_turn_host_service_runs_no_task_until_scaled() -> None:
-    service = _resource("TurnHostService")["Properties"]
+    # with the default WebSocketFront (the load balancer front keeps one task: test_front.py)
+    created, _ = stack(WorkerImageUri="123456789012.dkr.ecr.us-east-1.amazonaws.com/w:1")
+    service = created["TurnHostService"]["Properties"]
     assert service["DesiredCount"] == 0
     assert service["LaunchType"] == "FARGATE" and service["Cluster"] == {"Ref": "WorkerCluster"}
     network = service["NetworkConfiguration"]["AwsvpcConfiguration"]
@@ -214,14 +217,18 @@ def test_the_turn_host_task_role_is_exactly_what_a_turn_needs() -> None:
         ("LargePayloads", ("s3:GetObject", "s3:PutObject")): ["${Bucket.Arn}/blobs/*", "${Bucket.Arn}/tmp/*"],
         ("ReadHistoryArchive", ("s3:GetObject",)): ["${Bucket.Arn}/archive/*"],
         ("MissingKeysAre404", ("s3:ListBucket",)): ["${Bucket.Arn}"],
-        ("TakeTurns", ("sqs:DeleteMessage", "sqs:DeleteMessageBatch", "sqs:ReceiveMessage")): ["${TurnQueue.Arn}"],
+        ("TakeTurns", ("sqs:DeleteMessage", "sqs:ReceiveMessage")): ["${TurnQueue.Arn}"],
         ("FallBackToChatTurn", ("lambda:InvokeFunction",)): ["${ChatTurnFunction.Alias}"],
         ("ReadConfig", ("ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath")): config,
         ("ReadLlmKey", ("secretsmanager:GetSecretValue",)): ["${LlmSecretArn}"],
+        # with its own WebSocket front (WebSocketFront=LoadBalancer): ws_default's dispatch and deletes
+        ("SendTurnsToHosts", ("sqs:SendMessage",)): ["${TurnQueue.Arn}"],
+        ("DeleteArchivedHistory", ("s3:DeleteObject",)): ["${Bucket.Arn}/archive/*"],
     }
-    (secret,) = [st for st in _resource("TurnHostTaskRole")["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
-                 if "Fn::If" in st]
+    secret, *front = [st for st in _resource("TurnHostTaskRole")["Properties"]["Policies"][0]["PolicyDocument"]
+                      ["Statement"] if "Fn::If" in st]
     assert secret["Fn::If"][0] == "HasLlmSecret" and secret["Fn::If"][2] == NO_VALUE
+    assert [(st["Fn::If"][0], st["Fn::If"][2]) for st in front] == [("LoadBalancerFront", NO_VALUE)] * 2
     # escalation to the sandbox: the same grant as chat_turn's, attached only with the tier
     roles = _resource("ChatTurnContainerTierPolicy")["Properties"]["Roles"]
     assert {"Fn::If": ["HasTurnHostTier", {"Ref": "TurnHostTaskRole"}, NO_VALUE]} in roles
@@ -233,7 +240,8 @@ def test_the_turn_host_task_role_is_exactly_what_a_turn_needs() -> None:
 
 
 def test_the_turn_hosts_scale_out_on_spilled_turns_and_in_to_zero_when_idle() -> None:
-    target = _resource("TurnHostScalableTarget")["Properties"]
+    created, _ = stack(WorkerImageUri="123456789012.dkr.ecr.us-east-1.amazonaws.com/w:1")
+    target = created["TurnHostScalableTarget"]["Properties"]
     assert (target["MinCapacity"], target["MaxCapacity"]) == (0, {"Ref": "TurnHostMaxTasks"})
     assert target["ServiceNamespace"] == "ecs" and target["ScalableDimension"] == "ecs:service:DesiredCount"
     assert _text(target["ResourceId"]) == "service/${WorkerCluster}/${TurnHostService.Name}"

@@ -22,16 +22,12 @@ from starlette.routing import BaseRoute
 
 from agentvm import __version__
 from agentvm.api.config_http import config_router
-from agentvm.api.images_http import images_router
 from agentvm.api.request_gate import BodyLimit, RequestGate, error_response, resolved_once
 from agentvm.api.resources_http import resources_router
-from agentvm.api.search_http import search_router
-from agentvm.api.sessions_http import sessions_router
 from agentvm.domain.models import Principal
 from agentvm.errors import AgentVMError, PayloadTooLarge
 from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
-from agentvm.services.use_cases import UseCases
 
 if TYPE_CHECKING:
     from agentvm.ports import Store
@@ -39,6 +35,7 @@ if TYPE_CHECKING:
     from agentvm.services.chat import ChatService
     from agentvm.services.keys import Caller, KeyService
     from agentvm.services.metrics import TurnMetrics
+    from agentvm.services.use_cases import UseCases
 
 
 @dataclass(slots=True)
@@ -203,7 +200,11 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         key_caller = None if api.key_caller is None else resolved_once(api.key_caller)
         callers = [c for c in (principal_for, admin_for, key_caller) if c is not None]
         include(resources_router(api.resources, principal_for))
-        if api.services is not None:
+        if api.services is not None:  # a session host's (avm serve, chat_stream); http_api never loads them
+            from agentvm.api.images_http import images_router
+            from agentvm.api.search_http import search_router
+            from agentvm.api.sessions_http import sessions_router
+
             include(images_router(api.services, principal_for))
             # fixed paths (/v1/sessions/search, /v1/sessions/import) before /v1/sessions/{id}
             include(search_router(api.services, principal_for))

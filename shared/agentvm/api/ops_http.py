@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from agentvm.api.sessions_http import turn_wire
 from agentvm.domain.cursors import next_turn_cursor
 from agentvm.domain.models import TERMINAL_TURN_STATUSES, Principal, Turn, TurnStatus
 from agentvm.errors import InvalidRequest
@@ -57,6 +56,8 @@ def log_level(turn: Turn) -> str:
 
 def log_entry(turn: Turn) -> JSON:
     """A turn as a log entry: what `turn_wire` says of it, with a level and a message."""
+    from agentvm.api.sessions_http import turn_wire  # the session routes' module: loaded by /v1/logs only
+
     w = turn_wire(turn)
     done = turn.status == TurnStatus.COMPLETED
     message = "turn completed" if done else turn.error_message or f"turn {turn.status}"

@@ -17,11 +17,13 @@ every record, ours and the libraries', is one powertools JSON line on stdout wit
 does the take-over explicitly.
 
 Metrics. Namespace `AgentVM` (POWERTOOLS_METRICS_NAMESPACE), dimension `service` = `agentvm` and
-`function` = the handler's name. Dimensions must have few values: only the names in `DIMENSIONS` are
-accepted, never a tenant, container, session, turn, key or connection id (each distinct dimension
-value is a separate, billed CloudWatch metric). A per-invocation collector (powertools'
-`EphemeralMetrics` at flush) is used rather than the `Metrics` singleton, whose class-level state is
-shared by every thread (the test harness runs warm environments as threads).
+`function` = the handler's name, and no other: each distinct dimension value is a separate custom
+metric billed $0.30 a month, so a metric is a total an operator alarms on or graphs, and every
+breakdown (model family, status, tier, reason, tenant) is a field of the log line beside it, for
+CloudWatch Logs Insights (docs/observability.md, "Cloud metrics"). `DIMENSIONS` is enforced. A
+per-invocation collector (powertools' `EphemeralMetrics` at flush) is used rather than the `Metrics`
+singleton, whose class-level state is shared by every thread (the test harness runs warm
+environments as threads).
 
 Tracing. The powertools Tracer needs `aws-xray-sdk` (about 300-400 ms to import), which the layer does
 not ship. Tracing is on only in a Lambda environment, with the SDK installed and without
@@ -47,22 +49,13 @@ from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
 from agentvm import logs
 from agentvm.domain.models import Turn, TurnStatus
-from agentvm.domain.usage import model_family
 from agentvm.logs import REDACTED, redact
 
 SERVICE: Final = "agentvm"
 NAMESPACE: Final = "AgentVM"
 
-#: The only dimension names a metric may carry: each has a small, fixed set of values.
-DIMENSIONS: Final = frozenset({
-    "function",      # the handler: ws_connect, ws_default, chat_turn, …
-    "tier",          # function | container
-    "status",        # a turn's status: completed, failed, interrupted, running (handed to the container tier)
-    "model_family",  # see model_family(): claude-sonnet, claude-haiku, …, scripted, other, none
-    "auth",          # how a connection authenticates: key (on the upgrade) | frame (a first auth frame)
-    "reason",        # why a connection was refused: invalid_key, not_authenticated, auth_timeout
-    "status_class",  # an HTTP answer: 2xx, 3xx, 4xx, 5xx
-})
+#: The only dimension a metric carries (set by the collector): the handler, ws_connect, chat_turn, …
+DIMENSIONS: Final = frozenset({"function"})
 
 Count: Final = MetricUnit.Count
 Milliseconds: Final = MetricUnit.Milliseconds
@@ -187,8 +180,9 @@ class InvocationMetrics:
     def add(self, name: str, unit: MetricUnit, value: float, **dimensions: str) -> None:
         unknown = set(dimensions) - DIMENSIONS
         if unknown:
-            raise ValueError(f"metric {name}: dimension(s) {sorted(unknown)} are not low-cardinality "
-                             f"dimensions (allowed: {sorted(DIMENSIONS)})")
+            raise ValueError(f"metric {name}: dimension(s) {sorted(unknown)} are not allowed: every "
+                             f"dimension value is a billed metric; put breakdowns in log fields "
+                             f"(allowed: {sorted(DIMENSIONS)})")
         dims = {"function": self.function, **{k: v or "none" for k, v in dimensions.items()}}
         metrics = self._sets.setdefault(tuple(sorted(dims.items())), {})
         metrics.setdefault(name, (unit, []))[1].append(float(value))
@@ -210,21 +204,22 @@ class InvocationMetrics:
             emf.flush_metrics()
 
 
+#: What `record_turns` emits per turn (totals; the engine's "turn finished" log line has the
+#: breakdowns: status, tier, model, model_family, cache tokens, tenant).
+TURN_METRICS: Final = ("TurnsRun", "TurnDuration", "TurnErrors", "InputTokens", "OutputTokens")
+
+
 def record_turns(metric: Callable[..., None], turns: Sequence[Turn]) -> None:
     """Business metrics of the turns one session run ran (`chat_turn`, a turn host): `metric` is
-    `Observability.metric` or `InvocationMetrics.add` (dimensions: never an id)."""
+    `Observability.metric` or `InvocationMetrics.add`. Totals only (see `TURN_METRICS`)."""
     for turn in turns:
-        tier, family = turn.tier or "function", model_family(turn.model)
-        metric("TurnsRun", Count, 1, status=str(turn.status), tier=tier)
+        metric("TurnsRun", Count, 1)
         if turn.duration_ms is not None:
-            metric("TurnDuration", Milliseconds, turn.duration_ms, status=str(turn.status), tier=tier)
+            metric("TurnDuration", Milliseconds, turn.duration_ms)
         if turn.status == TurnStatus.FAILED:
-            metric("TurnErrors", Count, 1, tier=tier)
-        usage = turn.usage
-        for name, value in (("InputTokens", usage.input_tokens), ("OutputTokens", usage.output_tokens),
-                            ("CacheReadTokens", usage.cache_read_tokens),
-                            ("CacheWriteTokens", usage.cache_write_tokens)):
-            metric(name, Count, value, tier=tier, model_family=family)
+            metric("TurnErrors", Count, 1)
+        metric("InputTokens", Count, turn.usage.input_tokens)
+        metric("OutputTokens", Count, turn.usage.output_tokens)
 
 
 def status_class(status: int | None) -> str:

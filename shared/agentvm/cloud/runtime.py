@@ -46,9 +46,11 @@ if TYPE_CHECKING:
     from agentvm.adapters.aws.cloud_fanout import CloudFanout
     from agentvm.adapters.aws.dynamodb_turn_hosts import DynamoDBTurnHosts
     from agentvm.adapters.aws.ecs_tasks import EcsContainerTier
+    from agentvm.adapters.aws.routed_gateway import LocalSockets, RoutedGateway
     from agentvm.adapters.aws.sqs_turn_queue import SqsTurnQueue
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
+    from agentvm.hosting.definition_cache import DefinitionCache
     from agentvm.hosting.runtime_ports import RuntimePorts
     from agentvm.hosting.session_worker import DeadRunner, SessionWorker
     from agentvm.services.billing import BillingService
@@ -138,7 +140,26 @@ class CloudRuntime:
             if settings.history_cache_mb > 0 else None
 
     @functools.cached_property
-    def gateway(self) -> ApiGatewayGateway:
+    def gateway(self) -> ApiGatewayGateway | RoutedGateway:
+        """Where frames to connections go: API Gateway's management API; with a turn-host tier also
+        the sockets of the hosts' own fronts (`h-…` connection ids, adapters/aws/routed_gateway.py).
+        A turn host with a front replaces it with one that knows its own sockets (`use_front`)."""
+        if not self.settings.turn_queue_url:
+            return self.api_gateway
+        from agentvm.adapters.aws.routed_gateway import RoutedGateway
+
+        return RoutedGateway(lambda: self.api_gateway, self.turn_hosts)
+
+    def use_front(self, *, local: LocalSockets, dispatcher: Dispatcher) -> None:
+        """The turn host's own WebSocket front (turnhost/front.py): frames to its sockets (`local`) go
+        straight to them, turns of its connections start with `dispatcher` (on the host when it has room)."""
+        from agentvm.adapters.aws.routed_gateway import RoutedGateway
+
+        self.__dict__["gateway"] = RoutedGateway(lambda: self.api_gateway, self.turn_hosts, local=local)
+        self.__dict__["dispatcher"] = dispatcher
+
+    @functools.cached_property
+    def api_gateway(self) -> ApiGatewayGateway:
         s = self.settings
         if not s.ws_endpoint:
             raise InvalidRequest("AVM_WS_ENDPOINT is not set: cannot post to WebSocket connections",
@@ -364,11 +385,20 @@ class CloudRuntime:
                                   dispatcher=self.dispatcher, owner=invocation.owner)
         return CommandRouter(UseCases(invocation.deps, sessions), invocation.fanout)
 
+    @functools.cached_property
+    def definitions(self) -> DefinitionCache | None:
+        """Sessions' images and agents, kept between turns of this process (hosting/definition_cache.py)."""
+        if self.settings.definition_cache_s <= 0:
+            return None
+        from agentvm.hosting.definition_cache import DefinitionCache
+
+        return DefinitionCache(self.settings.definition_cache_s)
+
     def worker(self, invocation: Invocation) -> SessionWorker:
         from agentvm.hosting.session_worker import SessionWorker
 
         return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner,
-                             lease_ms=self.settings.session_lease_s * 1000)
+                             lease_ms=self.settings.session_lease_s * 1000, definitions=self.definitions)
 
     async def run_session(self, tenant_id: str, session_id: str, *, role: str,
                           request_id: str | None = None) -> list[Turn]:

@@ -118,8 +118,8 @@ class TeeFanout:
     async def close(self) -> None:
         await self.inner.close()
 
-    def serve_pending(self, session_id: str) -> None:
-        self.inner.serve_pending(session_id)
+    def serve_pending(self, session_id: str, *, consistent: bool = True) -> None:
+        self.inner.serve_pending(session_id, consistent=consistent)
 
     def listeners(self, session_id: str) -> int:
         # A turn an SSE client started is never stopped for want of listeners: its client may come

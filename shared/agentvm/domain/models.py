@@ -234,7 +234,11 @@ class LeaseState:
     connections owed an `afterSeq` replay; `interrupts`: a counter of interrupt requests, and
     `interrupts_seen` how far the holder has acted on them. `dead_runner` (from `acquire`, and from
     `poll` once the lease has expired): a turn runner that took the lease before and never released
-    it: it died (its lease expired), leaving the turn it was running unfinished."""
+    it: it died (its lease expired), leaving the turn it was running unfinished.
+    `session` (from `acquire`, when the record returned it): the session itself, read in the same
+    write. `definitions`: a counter bumped whenever the session's agent is destroyed
+    (`bump_definitions`): a runner's cached image and agent are good only for the count they were
+    read at (hosting/definition_cache.py)."""
 
     first_seq: int = 0
     last_seq: int = 0
@@ -245,6 +249,8 @@ class LeaseState:
     interrupts_seen: int = 0  # the highest interrupt count the lease holder has acted on
     held: bool = False
     dead_runner: str = ""
+    session: Session | None = None
+    definitions: int = 0
 
     @property
     def has_work(self) -> bool:

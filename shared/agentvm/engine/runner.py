@@ -29,7 +29,7 @@ from agentvm.domain.models import (
     TurnStatus,
     Usage,
 )
-from agentvm.domain.usage import Hold
+from agentvm.domain.usage import Hold, model_family
 from agentvm.drivers.base import (
     HiddenOutput,
     InputJsonDelta,
@@ -464,10 +464,14 @@ class TurnRunner:
         await self._checkpoint(turn)
         if self.observer is not None:
             self.observer(turn, turn.first_token_ms)
+        # the breakdowns the cloud's metrics leave out (dimensions are billed): Logs Insights queries these
         log.info("turn finished", extra={
             "turn_id": turn.turn_id, "session_id": turn.session_id, "container_id": turn.container_id,
-            "status": str(turn.status), "model": turn.model, "tier": turn.tier, "duration_ms": duration,
-            "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens})
+            "tenant_id": turn.tenant_id, "status": str(turn.status), "model": turn.model,
+            "model_family": model_family(turn.model), "tier": turn.tier, "duration_ms": duration,
+            "first_token_ms": turn.first_token_ms, "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens, "cache_read_tokens": usage.cache_read_tokens,
+            "cache_write_tokens": usage.cache_write_tokens})
 
     async def _checkpoint(self, turn: Turn) -> None:
         if turn.first_token_ms is None and self._first_delta_at and turn.started_at:

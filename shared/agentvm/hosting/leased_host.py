@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 LEASE_TTL_MS = 60_000
 ANNOUNCE_SEQ_BLOCK = 16  # a message announcement publishes 2 events; the rest of the block is skipped
 STOP_WAIT_S = 5.0
-INTERRUPT_WAIT_S = 3.0  # the holder acts within one poll (0.25 s)
+INTERRUPT_WAIT_S = 3.0  # the holder acts within one poll: at most 2 s (session_worker.INTERRUPT_BOUND_S)
 INTERRUPT_POLL_S = 0.05
 
 
@@ -106,9 +106,11 @@ class LeasedSessions:
         log.warning("interrupt not acknowledged in time", extra={"session_id": sid})
 
     async def stop(self, image: Image, agent_id: str, *, reason: str) -> None:
-        """The agent record is already deleted, so `chat_turn` runs no further turn of this image.
-        Interrupt the running one, then take the lease to drop the queue and announce the end."""
+        """The agent record is already deleted, so `chat_turn` runs no further turn of this image
+        (runners' cached definitions of the session expire here: `bump_definitions`). Interrupt the
+        running one, then take the lease to drop the queue and announce the end."""
         t, sid = image.tenant_id, image.session_id
+        await self.leases.bump_definitions(t, sid)
         await self.leases.request_interrupt(t, sid)
         state = await self._acquire_within(t, sid, STOP_WAIT_S)
         if state is None:

@@ -6,10 +6,17 @@ and releases the lease in the write that also removes the finished turns. That w
 was added meanwhile; if anything is left the worker takes the lease again (release-then-recheck),
 so a message queued at any moment is run by someone.
 
+Reads before a turn: the queued turns (one BatchGetItem). The session comes with the lease (the
+acquire's write returns the item), and the image and agent from the process's `DefinitionCache`
+while the session's `definitions` counter and a TTL say they are still good (definition_cache.py);
+interrupts are settled with a consistent read only between two turns of one tenure (before the
+first, the acquire's state is exact and newer).
+
 While a turn streams, a watcher reads the lease record (an eventually consistent read of half a read
-unit, not a write) every `poll_s` at the turn's start, the interval doubling up to `max_poll_s`: a
-10 s turn reads it 11 times (0.25, 0.5, then every 1 s) instead of 40 at a fixed 0.25 s, so an
-interrupt is seen within 0.25-0.5 s in the turn's first second and within 1 s later. It looks for
+unit, not a write) every `poll_s` at the turn's start, the interval doubling up to `max_poll_s`
+(`INTERRUPT_BOUND_S`, 2 s): a 10 s turn reads it 7 times (at 0.25, 0.75, 1.75, 3.75, …) instead of
+40 at a fixed 0.25 s, so an interrupt is seen within 0.25-0.5 s in the turn's first second and
+within 2 s (plus one read) later: the documented interrupt latency bound. It looks for
 interrupt requests, newly queued messages and owed replays, renews the lease well before it
 expires, and stops the LLM stream when every subscriber has gone: the turn and its messages are
 still stored, only the tokens nobody would see are saved.
@@ -37,6 +44,7 @@ from agentvm.engine.channel import SEQ_BLOCK, SessionChannel
 from agentvm.engine.history import SessionHistory
 from agentvm.errors import WorkerLost
 from agentvm.hosting import session_events
+from agentvm.hosting.definition_cache import DefinitionCache
 from agentvm.hosting.leased_host import LEASE_TTL_MS
 from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.hosting.session_events import announce, drop_stopped, session_context
@@ -46,6 +54,8 @@ from agentvm.ports import LeasedFanout, SessionLeases
 log = logging.getLogger(__name__)
 
 NO_LISTENERS = "no_listeners"
+#: The longest a running turn takes to see an interrupt request (the watcher's longest pause).
+INTERRUPT_BOUND_S = 2.0
 WORKER_LOST_TEXT = "The worker running this turn stopped before it finished; send the message again to retry."
 
 
@@ -76,9 +86,11 @@ class SessionWorker:
     (the container task's worker marks the session handled there; see agentvm/worker)."""
 
     def __init__(self, deps: RuntimePorts, *, fanout: LeasedFanout, leases: SessionLeases, owner: str,
-                 poll_s: float = 0.25, max_poll_s: float = 1.0, lease_ms: int = LEASE_TTL_MS,
+                 poll_s: float = 0.25, max_poll_s: float = INTERRUPT_BOUND_S, lease_ms: int = LEASE_TTL_MS,
                  renew_s: float | None = None,
-                 before_release: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 before_release: Callable[[str], Awaitable[None]] | None = None,
+                 definitions: DefinitionCache | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.deps = deps
         self.fanout = fanout
         self.leases = leases
@@ -88,6 +100,8 @@ class SessionWorker:
         self.lease_ms = lease_ms
         self.renew_s = lease_ms / 3000 if renew_s is None else renew_s  # renewed every third of the lease
         self.before_release = before_release
+        self.definitions = definitions
+        self._sleep = sleep  # the watcher's pauses (tests: virtual time)
         self.acquired = False  # whether the last `run` got the lease at least once
 
     async def run(self, tenant_id: str, session_id: str) -> list[Turn]:
@@ -149,14 +163,15 @@ class SessionWorker:
         run.done |= state.queued - {t.turn_id for t in turns}  # unknown ids: nothing to run
         if not turns and not state.announce:
             return None
-        session = await store.get_session(tenant_id, session_id)
-        image = await store.get_image(tenant_id, session.image_id) if session is not None else None
-        if image is None:  # deleted meanwhile: nothing left to run or announce
+        session = state.session or await store.get_session(tenant_id, session_id)
+        found = await self._definitions(tenant_id, session_id, session.image_id, state.definitions) \
+            if session is not None else None
+        if found is None:  # deleted meanwhile: nothing left to run or announce
             run.done |= state.queued
             run.announced |= state.announce
             return None
+        image, agent = found
         image = image.for_session(session_id)  # the image as this one of its sessions runs it
-        agent = await store.get_agent_for_image(tenant_id, image.image_id)
         channel = SessionChannel(store=store, fanout=self.fanout, tenant_id=tenant_id, session_id=session_id,
                                  context=session_context(image, agent.agent_id if agent else None),
                                  first_seq=state.first_seq, reserved_until=state.last_seq)
@@ -187,13 +202,16 @@ class SessionWorker:
                 break
             if ran:  # read again between turns: an agent destroyed meanwhile runs nothing more
                 agent = await store.get_agent_for_image(tenant_id, image.image_id)
+                if agent is None and self.definitions is not None:
+                    self.definitions.forget(tenant_id, session_id)
             if agent is None:  # the agent was destroyed: its queued turns do not run
                 drop_stopped([turn])
                 await store.commit(Checkpoint(tenant_id, session_id, turns=[turn]))
                 run.done.add(turn.turn_id)
                 continue
             channel.context["agentId"] = agent.agent_id
-            await self._settle_interrupts(tenant_id, session_id, run)
+            if ran:  # before the first turn the acquire's state is exact
+                await self._settle_interrupts(tenant_id, session_id, run)
             # read afresh: messages queued by ws_default since the last turn are part of the context
             history = self.deps.history(tenant_id, session_id, expect={turn.user_message_id})
             scheduled = await self._run_turn(turn, image, channel, history, run, resume=escalated)
@@ -208,6 +226,23 @@ class SessionWorker:
             await store.commit(Checkpoint(tenant_id, session_id, events=leftover))
         run.next_seq = channel.next_seq
         return ran
+
+    async def _definitions(self, tenant_id: str, session_id: str, image_id: str,
+                           definitions: int) -> tuple[Image, Agent | None] | None:
+        """The session's image and agent: cached (definition_cache.py) or read (one consistent read
+        of both); None when the image is gone."""
+        cache = self.definitions
+        cached = cache.get(tenant_id, session_id, image_id, definitions) if cache is not None else None
+        if cached is not None:
+            return cached
+        image, agent = await self.deps.store.get_image_and_agent(tenant_id, image_id)
+        if image is None:
+            if cache is not None:
+                cache.forget(tenant_id, session_id)
+            return None
+        if cache is not None:
+            cache.put(tenant_id, session_id, definitions, image, agent)
+        return image, agent
 
     async def _run_turn(self, turn: Turn, image: Image, channel: SessionChannel, history: SessionHistory,
                         run: _Run, *, resume: bool) -> ScheduledTurn:
@@ -230,7 +265,7 @@ class SessionWorker:
         renewed = time.monotonic()
         pause = self.poll_s
         while True:
-            await asyncio.sleep(pause)
+            await self._sleep(pause)
             pause = min(pause * 2, self.max_poll_s)
             if time.monotonic() - renewed >= self.renew_s:
                 state = await self.leases.renew(tenant_id, session_id, self.owner, self.lease_ms)
@@ -318,7 +353,11 @@ class SessionWorker:
         if run.lost:
             return None
         state = run.state
-        self.fanout.serve_pending(session_id)
+        # a last look for subscribers that came late; consistent only when a replay is known to be
+        # owed (one recorded after this read stays on the record: the release returns it, and the
+        # next tenure serves it)
+        self.fanout.serve_pending(session_id,
+                                  consistent=bool(state.pending_subs - self.fanout.served.get(session_id, set())))
         await self.fanout.drain()
         served = state.pending_subs | self.fanout.served.get(session_id, set())
         if self.before_release is not None:

@@ -17,10 +17,11 @@ class AgentService:
         self.deps = deps
         self.sessions = sessions
 
-    async def ensure(self, p: Principal, image: Image) -> tuple[Agent, bool]:
-        """The image's agent, created if it has none; True when it was created now."""
+    async def ensure(self, p: Principal, image: Image, *, read: bool = True) -> tuple[Agent, bool]:
+        """The image's agent, created if it has none; True when it was created now. `read=False`: the
+        caller has just read that it has none (the conditional put still keeps one agent per image)."""
         store = self.deps.store
-        existing = await store.get_agent_for_image(p.tenant_id, image.image_id)
+        existing = await store.get_agent_for_image(p.tenant_id, image.image_id) if read else None
         if existing is not None:
             return existing, False
         ts = now_ms()

@@ -18,17 +18,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from agentvm.config import Settings
 from agentvm.domain.models import ConfigChange
-from agentvm.engine.runner import EngineOptions
 from agentvm.errors import InvalidRequest, NotFound
 from agentvm.ids import now_ms
 from agentvm.money import DEFAULT_MARKUP, DEFAULT_PRICES, PRICES_TAKEN_ON, ModelPrice, prices_wire
 from agentvm.ports import ConfigStore, Env
+
+if TYPE_CHECKING:  # the engine is not loaded by the functions that only read or change the configuration
+    from agentvm.engine.runner import EngineOptions
 
 log = logging.getLogger(__name__)
 

@@ -123,6 +123,13 @@ class ImageService:
             raise NotFound(f"Image not found: {image_id_}", field="imageId")
         return image
 
+    async def require_with_agent(self, p: Principal, image_id_: str) -> tuple[Image, Agent | None]:
+        """`require`, and the image's agent read with it (one read in the cloud)."""
+        image, agent = await self.deps.store.get_image_and_agent(p.tenant_id, image_id_)
+        if image is None:
+            raise NotFound(f"Image not found: {image_id_}", field="imageId")
+        return image, agent
+
     async def item(self, p: Principal, image: Image) -> ImageListItem:
         return list_item(image, await self.deps.store.get_agent_for_image(p.tenant_id, image.image_id))
 

@@ -26,9 +26,9 @@ class TurnService:
     async def _target(self, p: Principal, image_id: str | None, agent_id: str | None,
                       session_id: str | None) -> tuple[Image, Agent | None]:
         """The image (as the session `session_id` runs it; None: its primary session) and its agent
-        when the caller named it."""
+        (read with the image when the caller named the image; None: it has none)."""
         if image_id:
-            image, agent = await self.images.require(p, image_id), None
+            image, agent = await self.images.require_with_agent(p, image_id)
         elif agent_id:
             agent = await self.agents.get(p, agent_id)
             if agent is None:
@@ -49,16 +49,14 @@ class TurnService:
             raise SecretsMissing(missing_secrets_message(found), field="imageId")
         if connection_id is not None:
             self.deps.fanout.attach(connection_id, image.session_id, image.container_id)
-        if agent is None:
-            agent, _ = await self.agents.ensure(p, image)
+        if agent is None:  # the image has none (`_target` read it): activate one
+            agent, _ = await self.agents.ensure(p, image, read=False)
         turn = await self.sessions.send(p, connection_id, image, agent.agent_id, content, options)
         return image, agent, turn
 
     async def interrupt(self, p: Principal, connection_id: str | None, image_id: str | None,
                         agent_id: str | None, session_id: str | None = None) -> tuple[Image, Agent | None]:
         image, agent = await self._target(p, image_id, agent_id, session_id)
-        if agent is None:
-            agent = await self.deps.store.get_agent_for_image(p.tenant_id, image.image_id)
         if connection_id is not None:
             self.deps.fanout.attach(connection_id, image.session_id, image.container_id)
         if agent is not None:

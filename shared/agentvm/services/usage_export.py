@@ -152,65 +152,76 @@ def focus_rows(records: Iterable[UsageRecord], *, billing_period: str,
     names = display_names or {}
     rows: list[Row] = []
     for record in sorted(records, key=lambda r: (r.tenant_id, r.ended_at, r.record_id)):
-        if record.period != billing_period:
-            raise ValueError(f"usage record {record.record_id} is charged in {record.period}, "
-                             f"not in the billing period {billing_period}")
-        parts = _parts(record, table)
-        list_costs = _split(record.list_cost, parts)
-        billed_costs = _split(record.billed_cost, parts)
-        start_s = max(record.started_at // 1000, period_start)
-        end_s = min(max(-(-record.ended_at // 1000), start_s + 1), period_end)
-        tags = _tags(record)
-        for part, list_cost, billed in zip(parts, list_costs, billed_costs, strict=True):
-            row: Row = {
-                "AvailabilityZone": None,
-                "BilledCost": _num(billed),
-                "BillingAccountId": record.tenant_id,
-                "BillingAccountName": names.get(record.tenant_id, record.tenant_id),
-                "BillingCurrency": record.currency,
-                "BillingPeriodEnd": _iso(period_end),
-                "BillingPeriodStart": _iso(period_start),
-                "ChargeCategory": "Usage",
-                "ChargeClass": None,
-                "ChargeDescription": part.description,
-                "ChargeFrequency": "Usage-Based",
-                "ChargePeriodEnd": _iso(end_s),
-                "ChargePeriodStart": _iso(start_s),
-                "CommitmentDiscountCategory": None,
-                "CommitmentDiscountId": None,
-                "CommitmentDiscountName": None,
-                "CommitmentDiscountStatus": None,
-                "CommitmentDiscountType": None,
-                "ConsumedQuantity": _num(part.consumed),
-                "ConsumedUnit": part.consumed_unit,
-                "ContractedCost": _num(billed),
-                "ContractedUnitPrice": _num(part.unit_price * markup),
-                "EffectiveCost": _num(billed),
-                "InvoiceIssuerName": AGENTVM,
-                "ListCost": _num(list_cost),
-                "ListUnitPrice": _num(part.unit_price),
-                "PricingCategory": "Standard",
-                "PricingQuantity": _num(part.pricing_quantity),
-                "PricingUnit": part.pricing_unit,
-                "ProviderName": AGENTVM,
-                "PublisherName": _publisher(record),
-                "RegionId": None,
-                "RegionName": None,
-                "ResourceId": record.session_id,
-                "ResourceName": names.get(record.session_id),
-                "ResourceType": "Session",
-                "ServiceCategory": "Compute" if record.kind == "sandbox" else "AI and Machine Learning",
-                "ServiceName": "AgentVM Sandbox" if record.kind == "sandbox" else "AgentVM LLM",
-                "SkuId": part.sku_id,
-                "SkuPriceId": f"{part.sku_id}/standard",
-                "SubAccountId": record.container_id,
-                "SubAccountName": names.get(record.container_id),
-                "Tags": tags,
-            }
-            if validator_aliases:
-                for alias, column in VALIDATOR_ALIASES.items():
-                    row[alias] = row[column]
-            rows.append(row)
+        rows.extend(_record_rows(record, billing_period, (period_start, period_end), table, markup, names,
+                                 validator_aliases))
+    return rows
+
+
+def _record_rows(record: UsageRecord, billing_period: str, bounds: tuple[int, int], table: dict[str, ModelPrice],
+                 markup: Decimal, names: Mapping[str, str], validator_aliases: bool) -> list[Row]:
+    """The FOCUS rows of one record (see `focus_rows`)."""
+    period_start, period_end = bounds
+    period_start_iso, period_end_iso = _iso(period_start), _iso(period_end)
+    rows: list[Row] = []
+    if record.period != billing_period:
+        raise ValueError(f"usage record {record.record_id} is charged in {record.period}, "
+                         f"not in the billing period {billing_period}")
+    parts = _parts(record, table)
+    list_costs = _split(record.list_cost, parts)
+    billed_costs = _split(record.billed_cost, parts)
+    start_s = max(record.started_at // 1000, period_start)
+    end_s = min(max(-(-record.ended_at // 1000), start_s + 1), period_end)
+    tags = _tags(record)
+    for part, list_cost, billed in zip(parts, list_costs, billed_costs, strict=True):
+        row: Row = {
+            "AvailabilityZone": None,
+            "BilledCost": _num(billed),
+            "BillingAccountId": record.tenant_id,
+            "BillingAccountName": names.get(record.tenant_id, record.tenant_id),
+            "BillingCurrency": record.currency,
+            "BillingPeriodEnd": period_end_iso,
+            "BillingPeriodStart": period_start_iso,
+            "ChargeCategory": "Usage",
+            "ChargeClass": None,
+            "ChargeDescription": part.description,
+            "ChargeFrequency": "Usage-Based",
+            "ChargePeriodEnd": _iso(end_s),
+            "ChargePeriodStart": _iso(start_s),
+            "CommitmentDiscountCategory": None,
+            "CommitmentDiscountId": None,
+            "CommitmentDiscountName": None,
+            "CommitmentDiscountStatus": None,
+            "CommitmentDiscountType": None,
+            "ConsumedQuantity": _num(part.consumed),
+            "ConsumedUnit": part.consumed_unit,
+            "ContractedCost": _num(billed),
+            "ContractedUnitPrice": _num(part.unit_price * markup),
+            "EffectiveCost": _num(billed),
+            "InvoiceIssuerName": AGENTVM,
+            "ListCost": _num(list_cost),
+            "ListUnitPrice": _num(part.unit_price),
+            "PricingCategory": "Standard",
+            "PricingQuantity": _num(part.pricing_quantity),
+            "PricingUnit": part.pricing_unit,
+            "ProviderName": AGENTVM,
+            "PublisherName": _publisher(record),
+            "RegionId": None,
+            "RegionName": None,
+            "ResourceId": record.session_id,
+            "ResourceName": names.get(record.session_id),
+            "ResourceType": "Session",
+            "ServiceCategory": "Compute" if record.kind == "sandbox" else "AI and Machine Learning",
+            "ServiceName": "AgentVM Sandbox" if record.kind == "sandbox" else "AgentVM LLM",
+            "SkuId": part.sku_id,
+            "SkuPriceId": f"{part.sku_id}/standard",
+            "SubAccountId": record.container_id,
+            "SubAccountName": names.get(record.container_id),
+            "Tags": tags,
+        }
+        if validator_aliases:
+            for alias, column in VALIDATOR_ALIASES.items():
+                row[alias] = row[column]
+        rows.append(row)
     return rows
 
 
@@ -227,6 +238,45 @@ def focus_csv(records: Iterable[UsageRecord], *, billing_period: str,
                           display_names=display_names, validator_aliases=validator_aliases):
         writer.writerow(["" if row[c] is None else row[c] for c in columns])
     return out.getvalue()
+
+
+class FocusCsvWriter:
+    """FOCUS 1.0 CSV one record at a time, for exports too large to hold (the scheduled export streams them
+    into a multipart upload): the same columns and text as `focus_csv`, rows in the order given."""
+
+    def __init__(self, *, billing_period: str, prices: Mapping[str, ModelPrice] | None = None,
+                 markup: Decimal = DEFAULT_MARKUP, display_names: Mapping[str, str] | None = None,
+                 validator_aliases: bool = False) -> None:
+        self.billing_period = billing_period
+        self._bounds = _period_bounds(billing_period)
+        self._table = dict(DEFAULT_PRICES if prices is None else prices)
+        self._markup = markup
+        self._names = display_names or {}
+        self._aliases = validator_aliases
+        self.columns = list(FOCUS_COLUMNS) + (list(VALIDATOR_ALIASES) if validator_aliases else [])
+        self._out = io.StringIO()
+        self._csv = csv.writer(self._out, lineterminator="\n")
+
+    def header(self) -> str:
+        return self._line(self.columns)
+
+    def rows(self, record: UsageRecord) -> tuple[str, list[Row]]:
+        """The record's CSV lines and its rows (the caller sums or counts them)."""
+        rows = _record_rows(record, self.billing_period, self._bounds, self._table, self._markup, self._names,
+                            self._aliases)
+        for row in rows:
+            self._csv.writerow(["" if row[c] is None else row[c] for c in self.columns])
+        text = self._out.getvalue()
+        self._out.seek(0)
+        self._out.truncate()
+        return text, rows
+
+    def _line(self, values: list[str]) -> str:
+        self._csv.writerow(values)
+        text = self._out.getvalue()
+        self._out.seek(0)
+        self._out.truncate()
+        return text
 
 
 def usage_jsonl(records: Iterable[UsageRecord]) -> str:

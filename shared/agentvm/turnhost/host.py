@@ -13,7 +13,12 @@
   the budget hold back (hosting/session_worker.py).
 * `on_beat` sees every record the host writes (the running-turns metric the service scales in on).
 * `stop()` (SIGTERM, ECS scale-in): deregister, stop receiving (requests received meanwhile are
-  refused), let the running sessions finish for up to `drain_s`.
+  refused), let the running sessions finish for up to `drain_s`. A host with a front (`endpoint`)
+  stays registered, not accepting, until its sockets are closed (`deregister()` then).
+* `take_here()`: a turn of a connection on the host's own WebSocket front (turnhost/front.py) runs
+  on the host without a queue hop when it has room (turnhost/local_dispatch.py).
+* `endpoint`: with a front, the private address, port and token other hosts post its sockets'
+  frames to (turnhost/peers.py), written into every record.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class HostCounts:
     taken: int = 0  # session runs started
     joined: int = 0  # requests for a session it was running already
     refused: int = 0  # handed to the fallback
+    local: int = 0  # session runs started for the host's own front (take_here), without the queue
     turns: int = 0  # turns its session runs ran
     by_reason: dict[str, int] = field(default_factory=dict)
 
@@ -66,8 +72,14 @@ class HostCounts:
 class TurnHost:
     def __init__(self, host_id: str, *, queue: TurnQueue, directory: TurnHostDirectory, fallback: Dispatcher,
                  run_session: RunSession, cpu: CpuMeter, options: HostOptions | None = None,
-                 on_run: OnRun | None = None, on_beat: OnBeat | None = None) -> None:
+                 on_run: OnRun | None = None, on_beat: OnBeat | None = None,
+                 endpoint: tuple[str, int, str] | None = None) -> None:
         self.host_id = host_id
+        self.endpoint = endpoint
+        # with a front the record must outlive the drain: other hosts find its open sockets by it
+        # (not accepting, so no turn is sent to it); whoever closes the sockets calls `deregister()`
+        self.stay_registered = endpoint is not None
+        self._served = False
         self.queue = queue
         self.directory = directory
         self.fallback = fallback
@@ -99,8 +111,24 @@ class TurnHost:
 
     def record(self) -> TurnHostRecord:
         o = self.options
+        address, port, token = self.endpoint or ("", 0, "")
         return TurnHostRecord(self.host_id, now_ms() + int(3 * o.heartbeat_s * 1000), o.capacity,
-                              len(self.running), self.refusal() is None)
+                              len(self.running), self.refusal() is None, address, port, token)
+
+    def take_here(self, tenant_id: str, session_id: str) -> bool:
+        """Run a session's queued turns on this host if it has room (True), or join its running
+        run; False: the caller hands them on (the tiered dispatcher). Call it on the host's loop."""
+        key = (tenant_id, session_id)
+        if key in self.running:
+            self.counts.joined += 1
+            return True
+        if self._wake is None or self.refusal() is not None:  # not serving, draining or full
+            return False
+        self.counts.taken += 1
+        self.counts.local += 1
+        self.running[key] = asyncio.create_task(self._run(TurnRequest(tenant_id, session_id)))
+        self._changed()
+        return True
 
     def stop(self) -> None:
         """Drain: deregister, stop receiving, let the running sessions finish (thread-unsafe: call it
@@ -125,6 +153,7 @@ class TurnHost:
             finished = await self._drain()
         finally:
             self.draining = True  # also when receiving failed for good: the heartbeats deregister
+            self._served = True
             sampler.cancel()
             self._changed()
             with contextlib.suppress(asyncio.CancelledError):
@@ -226,14 +255,20 @@ class TurnHost:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.options.heartbeat_s)
             self._wake.clear()
-            if self.draining:
-                try:
-                    await self.directory.deregister(self.host_id)
-                except Exception:  # its record lapses on its own (`until`)
-                    log.exception("the turn host could not deregister")
-                self.registered = False
+            if self.draining and self.stay_registered:
+                if self._served:
+                    return
+            elif self.draining:
+                await self.deregister()
                 return
             await self._beat()
+
+    async def deregister(self) -> None:
+        try:
+            await self.directory.deregister(self.host_id)
+        except Exception:  # its record lapses on its own (`until`)
+            log.exception("the turn host could not deregister")
+        self.registered = False
 
     async def _beat(self) -> None:
         record = self.record()

@@ -3,14 +3,18 @@
 aioboto3/aiobotocore pull in aiohttp and cost ~1.3 s of import on a Lambda cold start against
 ~0.2 s for botocore (docs/cloud-design.md). A plain botocore client is thread-safe; here its API
 calls run on a small thread pool, so callers keep `await client.query(...)` and the event loop is
-never blocked. Waiters become awaitable too; `meta` and `exceptions` pass through.
+never blocked. Waiters become awaitable too; `meta` and `exceptions` pass through. As with
+`asyncio.to_thread`, a call runs in the caller's context (its context variables reach botocore's
+event handlers on the pool thread).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -37,7 +41,7 @@ class _AsyncWaiter:
         self._waiter = waiter
 
     async def wait(self, **kwargs: Any) -> None:
-        await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(self._waiter.wait, **kwargs))
+        await _on_pool(functools.partial(self._waiter.wait, **kwargs))
 
 
 class AsyncBotocoreClient:
@@ -57,18 +61,22 @@ class AsyncBotocoreClient:
             return attr
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            return await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(attr, *args, **kwargs))
+            return await _on_pool(functools.partial(attr, *args, **kwargs))
 
         call.__name__ = name
         return call
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(_POOL, self.raw.close)
+        await _on_pool(self.raw.close)
+
+
+async def _on_pool(call: Callable[[], Any]) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_POOL, contextvars.copy_context().run, call)
 
 
 async def run_blocking(fn: Any, *args: Any) -> Any:
     """Run a blocking call (e.g. reading a response body) on the AWS pool."""
-    return await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args))
+    return await _on_pool(functools.partial(fn, *args))
 
 
 _CREATE_LOCK = threading.Lock()

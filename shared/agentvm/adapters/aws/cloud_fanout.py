@@ -191,10 +191,10 @@ class CloudFanout:
         for peer in self._peers.values():
             peer.sender = None
 
-    def serve_pending(self, session_id: str) -> None:
+    def serve_pending(self, session_id: str, *, consistent: bool = True) -> None:
         """Re-read the session's subscribers now and serve the replays they are owed (the lease
         holder does this before releasing the lease)."""
-        self._op("refresh", session_id)
+        self._op("refresh", session_id, consistent)
 
     def listeners(self, session_id: str) -> int:
         """Subscribers of the session still reachable: 0 when every one has gone, -1 while they are
@@ -258,7 +258,7 @@ class CloudFanout:
                     cached = self._subs.get(str(args[0]))
                     if cached is not None:
                         self._subs[str(args[0])] = (float("-inf"), cached[1])
-                    await self._subscribers(str(args[0]), 1 << 62, forced=True)
+                    await self._subscribers(str(args[0]), 1 << 62, forced=bool(args[1]))
                 elif kind == "mark":
                     peer = self._peer(str(args[0]))
                     if len(args) > 2:

@@ -2,8 +2,12 @@
 
 Attributes kept on `SESS` beside the store's own: `lease_owner`, `lease_until` (epoch ms),
 `seq_reserved` (the store's seq counter: a lease comes with a block of seqs), the session's
-coordination sets `queued`, `announce`, `pending_subs` (string sets), the `interrupts` counter, and
-`runner`: the owner of a turn runner while it holds (or held, and died holding) the lease.
+coordination sets `queued`, `announce`, `pending_subs` (string sets), the `interrupts` counter,
+`runner`: the owner of a turn runner while it holds (or held, and died holding) the lease, and
+`definitions`: bumped when the session's agent is destroyed (runners' cached definitions expire).
+
+`acquire` returns the session itself too (its `ALL_OLD` is the whole item): a runner needs no
+separate read of it.
 
 Every step of the cloud turn protocol is one conditional UpdateItem that returns the whole state
 (`ReturnValues=ALL_NEW`): taking the lease reserves seqs and shows the queue; releasing it removes
@@ -26,6 +30,7 @@ from agentvm.adapters.aws.dynamodb_items import (
     _key,
     _n,
     _s,
+    _session,
     _session_pk,
     _turn,
 )
@@ -102,9 +107,11 @@ class DynamoDBLeases:
         if resume is not None and "lease_owner" not in old and int(resume["N"]) <= before:
             first = int(resume["N"])
         dead = old["runner"]["S"] if "runner" in old and old["runner"]["S"] != owner else ""
+        session = _session(old) if "image_id" in old and "container_id" in old else None
         # with seq_block 0 the block is empty (first > last when nothing is handed on): the holder
         # publishes nothing and hands `first_seq` on at its release
-        return _state(attrs, now, first_seq=first, last_seq=before + max(seq_block, 0), dead_runner=dead)
+        return replace(_state(attrs, now, first_seq=first, last_seq=before + max(seq_block, 0), dead_runner=dead),
+                       session=session)
 
     async def renew(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int) -> LeaseState | None:
         now = self._now_ms()
@@ -163,6 +170,10 @@ class DynamoDBLeases:
                                    {":one": _n(1), ":now": _n(self._now_ms())}, "lease_until >= :now")
         return None if attrs is None else int(attrs["interrupts"]["N"])
 
+    async def bump_definitions(self, tenant_id: str, session_id: str) -> None:
+        await self._update(tenant_id, session_id, "ADD definitions :one", {":one": _n(1)}, "attribute_exists(PK)",
+                           returns="NONE")
+
     async def ack_interrupt(self, tenant_id: str, session_id: str, owner: str, count: int) -> None:
         await self._update(tenant_id, session_id, "SET interrupts_seen = :n", {":n": _n(count), ":o": _s(owner)},
                            "lease_owner = :o")
@@ -202,7 +213,8 @@ def _state(attrs: Mapping[str, Any], now_ms: int, *, first_seq: int = 0, last_se
                       announce=_pairs(attrs, "announce"), pending_subs=_strings(attrs, "pending_subs"),
                       interrupts=int(attrs["interrupts"]["N"]) if "interrupts" in attrs else 0,
                       interrupts_seen=int(attrs["interrupts_seen"]["N"]) if "interrupts_seen" in attrs else 0,
-                      held=until is not None and int(until["N"]) >= now_ms, dead_runner=dead_runner)
+                      held=until is not None and int(until["N"]) >= now_ms, dead_runner=dead_runner,
+                      definitions=int(attrs["definitions"]["N"]) if "definitions" in attrs else 0)
 
 
 if TYPE_CHECKING:

@@ -119,7 +119,8 @@ delete_image 2 R + 1 R/page per session + ceil(n/25) W + 1 W (n counts the messa
 too) · get_session 1 R · create_session 1 W
 (TransactWriteItems: a check of the image and 2 items) · list_sessions 1 R/page · delete_session 1 R
 + 1 W + 1 R/page + ceil(n/25) W · put_agent 1 W ·
-get_agent 2 R · get_agent_for_image 1 R · list_agents 1 R/page · delete_agent 1 R + 1 W ·
+get_agent 2 R · get_agent_for_image 1 R · get_image_and_agent 1 R (one Query, 1 unit for both) ·
+list_agents 1 R/page · delete_agent 1 R + 1 W ·
 commit ceil(items/25) W, where a checkpoint's events are 1 item (more only above 300 KB
 compressed) and each message with searchable text adds its search item: a text turn's final
 checkpoint is 1 W of 4 items · list_messages 1 R/page · search_messages 1 R per month partition

@@ -3,6 +3,7 @@
 | Item       | PK         | SK            | attributes                                            |
 |------------|------------|---------------|-------------------------------------------------------|
 | Turn host  | TURNHOST   | HOST#{id}     | until (ms), capacity, running, accepting, expires_at  |
+|            |            |               | + address, port, token (a host with its own front)    |
 
 A host writes its item at start, on every heartbeat and whenever it starts or stops accepting (one
 PutItem, one write unit); it deletes it when it drains. A host killed without a word leaves its item:
@@ -31,6 +32,8 @@ class DynamoDBTurnHosts:
         item = {**_key(PK, f"HOST#{_k(host.host_id)}"), "host_id": _s(host.host_id), "until": _n(host.until_ms),
                 "capacity": _n(host.capacity), "running": _n(host.running), "accepting": {"BOOL": host.accepting},
                 TTL_ATTRIBUTE: _n(host.until_ms // 1000 + _TTL_AFTER_S)}
+        if host.address:
+            item.update(address=_s(host.address), port=_n(host.port), token=_s(host.token))
         await self.store.client.put_item(TableName=self.store.table_name, Item=item)
 
     async def deregister(self, host_id: str) -> None:
@@ -40,7 +43,8 @@ class DynamoDBTurnHosts:
         items = await self.store._query(KeyConditionExpression="PK = :pk", ConsistentRead=False,
                                         ExpressionAttributeValues={":pk": _s(PK)})
         return [TurnHostRecord(i["host_id"]["S"], _int(i, "until"), _int(i, "capacity"), _int(i, "running"),
-                               bool(i.get("accepting", {}).get("BOOL"))) for i in items]
+                               bool(i.get("accepting", {}).get("BOOL")), i.get("address", {}).get("S", ""),
+                               int(i.get("port", {}).get("N", "0")), i.get("token", {}).get("S", "")) for i in items]
 
 
 if TYPE_CHECKING:

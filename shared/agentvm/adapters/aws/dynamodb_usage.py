@@ -60,7 +60,8 @@ counter when the months differ); a priced call under a tenant budget: hold 1 + r
 and counter, + 1 Query per month since the call (when a note was found), +1 W (record mark) when
 the record is found, +1 W per note · spend 1 R · admit: no limit 0, one limit 1 W, both 1 W
 (TransactWriteItems, 2 items) · list_usage 1 R/page per month of the range + 1 R (GSI1: records of
-the former layout) (a tenant), 8 R/page per month of the range (all tenants).
+the former layout) (a tenant), 8 R/page per month of the range (all tenants) · stream_usage (all
+tenants) the same 8 R per month, pages of 1,000 items.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ import asyncio
 import itertools
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -95,6 +96,7 @@ from agentvm.adapters.aws.dynamodb_items import (
 )
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.dynamodb_table import GSI_CONTAINER, GSI_TENANT
+from agentvm.adapters.aws.dynamodb_usage_stream import stream_all
 from agentvm.domain.models import Usage
 from agentvm.domain.usage import Budget, Spend, UsageRecord, precheck_hold
 from agentvm.ids import now_ms
@@ -328,6 +330,20 @@ class DynamoDBUsageLedger:
                                            for month in _months(since_ms, until_ms - 1) for s in range(SHARDS)))
             records = [_record(i) for page in pages for i in page]
         return sorted(records, key=lambda r: (r.ended_at, r.record_id, r.tenant_id))
+
+    async def stream_usage(self, tenant_id: str | None, *, since_ms: int,
+                           until_ms: int) -> AsyncIterator[UsageRecord]:
+        """All tenants': GSI2 read as a stream (dynamodb_usage_stream.py), never more than 16 pages held.
+        A tenant's records (`/v1/usage`, one tenant's month) are the `list_usage` list."""
+        if since_ms >= until_ms:
+            return
+        if tenant_id is not None:
+            for r in await self.list_usage(tenant_id, since_ms=since_ms, until_ms=until_ms):
+                yield r
+            return
+        async for r in stream_all(self.store, _months(since_ms, until_ms - 1), since_ms, until_ms, _record,
+                                  _month_shard):
+            yield r
 
     # ---- writing -----------------------------------------------------------------------------
 

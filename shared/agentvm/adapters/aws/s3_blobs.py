@@ -14,12 +14,13 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from agentvm.adapters.aws.botocore_async import AsyncBotocoreClient, new_client, run_blocking
+from agentvm.adapters.aws.s3_upload import DEFAULT_PART, S3Upload
 from agentvm.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
 
-    from agentvm.ports import BlobStore
+    from agentvm.ports import BlobStore, BlobUploads
 
 _NOT_FOUND = frozenset({"404", "NoSuchKey", "NotFound"})
 _MAX_KEY_BYTES = 1024  # S3's limit for the full key
@@ -37,6 +38,7 @@ class S3BlobStore:
         self._region_name = region_name
         self._client: S3Client | None = None
         self._open_lock = asyncio.Lock()
+        self.part_size = DEFAULT_PART
 
     async def open(self) -> None:
         async with self._open_lock:
@@ -101,6 +103,10 @@ class S3BlobStore:
         return await client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._full(key)},
                                                    ExpiresIn=expires_s)
 
+    def upload(self, key: str, content_type: str = "application/octet-stream") -> S3Upload:
+        """A blob written in parts (a multipart upload past one part; s3_upload.py)."""
+        return S3Upload(self.s3, self.bucket, self._full(key), content_type, self.part_size)
+
     def _full(self, key: str) -> str:
         _check_key(key)
         full = f"{self.prefix}/{key}" if self.prefix else key
@@ -135,4 +141,7 @@ def _not_found(exc: ClientError) -> bool:
 
 if TYPE_CHECKING:
     def _implements_blob_store(store: S3BlobStore) -> BlobStore:  # mypy checks the port's signatures
+        return store
+
+    def _implements_blob_uploads(store: S3BlobStore) -> BlobUploads:
         return store

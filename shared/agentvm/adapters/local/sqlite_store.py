@@ -17,12 +17,17 @@ from agentvm.adapters.local.sqlite_resources import SqliteResources
 from agentvm.adapters.local.sqlite_search import SqliteSearch
 from agentvm.adapters.local.sqlite_session_log import SqliteSessionLog
 from agentvm.adapters.local.sqlite_turns import SqliteTurns
+from agentvm.domain.models import Agent, Image
 from agentvm.errors import StorageUnavailable
 
 
 class SqliteStore(SqliteContainers, SqliteImages, SqliteAgents, SqliteSessionLog, SqliteTurns, SqliteSearch,
                   SqliteResources):
     """`Store` on SQLite: every repository on one `SqliteDatabase` (one connection, one thread)."""
+
+    async def get_image_and_agent(self, tenant_id: str, image_id: str) -> tuple[Image | None, Agent | None]:
+        image = await self.get_image(tenant_id, image_id)
+        return (image, await self.get_agent_for_image(tenant_id, image_id)) if image is not None else (None, None)
 
     async def probe(self) -> None:
         """A cheap read for health checks; `StorageUnavailable` while a storage failure stands."""

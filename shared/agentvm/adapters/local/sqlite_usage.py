@@ -11,7 +11,7 @@ the read-check-write of `reserve`, `settle` and `admit` is atomic.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ _RECORD_COLS = ("tenant_id, record_id, key_id, container_id, image_id, session_i
                 "model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, sandbox_ms, "
                 "list_cost, billed_cost, currency, tier, status, started_at, ended_at, usage_estimated")
 _ZERO = Decimal(0)
+_STREAM_PAGE = 1000
 #: Rate windows older than this many minutes are dropped when their budget counts a new request.
 _WINDOW_KEEP_MIN = 5
 
@@ -189,6 +190,27 @@ class SqliteUsageLedger:
                                  (tenant_id, since_ms, until_ms)).fetchall()
             return [_record(r) for r in rows]
         return await self.store.run(job)
+
+    async def stream_usage(self, tenant_id: str | None, *, since_ms: int,
+                           until_ms: int) -> AsyncIterator[UsageRecord]:
+        """Pages of `_STREAM_PAGE` rows, each after the last one read (keyset pagination)."""
+        after: tuple[int, str, str] | None = None
+        tenant = "" if tenant_id is None else "tenant_id=? AND "
+        args: tuple[object, ...] = () if tenant_id is None else (tenant_id,)
+
+        def job(c: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            where = "" if after is None else " AND (ended_at, tenant_id, record_id) > (?,?,?)"
+            return c.execute(f"SELECT {_RECORD_COLS} FROM usage_records WHERE {tenant}ended_at>=? AND ended_at<?"
+                             f"{where} ORDER BY ended_at, tenant_id, record_id LIMIT {_STREAM_PAGE}",
+                             (*args, since_ms, until_ms, *(after or ()))).fetchall()
+        while True:
+            rows = await self.store.run(job)
+            for row in rows:
+                record = _record(row)
+                yield record
+            if len(rows) < _STREAM_PAGE:
+                return
+            after = (record.ended_at, record.tenant_id, record.record_id)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
