@@ -181,6 +181,7 @@ $(FOCUS_STAMP): $(UV_STAMP)
 	@rm -f $(FOCUS_VENV)/.focus-validator-*; touch $@
 
 focus-validator: $(FOCUS_VALIDATOR)  ## the FOCUS validator venv .venv-focus (tests/billing needs it)
+	@:
 
 clean-focus:
 	rm -rf $(FOCUS_VENV)
