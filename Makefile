@@ -77,7 +77,11 @@ unit: $(DEV_STAMP) sam-cli bubblewrap focus-validator
 
 # The four set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.
 setup:
-	@$(MAKE) --no-print-directory -j4 $(DEV_STAMP) sam-cli bubblewrap focus-validator
+	@$(MAKE) --no-print-directory -j4 dev-deps sam-cli bubblewrap focus-validator
+
+.PHONY: dev-deps
+dev-deps: $(DEV_STAMP)
+	@:
 
 test: setup  ## install dev dependencies, lint, type-check and run the whole suite
 	@$(MAKE) --no-print-directory lint typecheck unit
