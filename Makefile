@@ -104,7 +104,9 @@ clean:
 # `make lock-tools` rebuilds both venvs unpinned (newest versions the tool allows) and re-freezes them.
 TOOL_PINS ?= 1
 tool_pins = $(if $(filter 1,$(TOOL_PINS)),--constraint constraints/$(1).txt)
-UV_TOOL_INSTALL := $(UV_ENV) $(UV) pip install --quiet
+tool_pins_said = $(if $(filter 1,$(TOOL_PINS)),pinned: constraints/$(1).txt,unpinned: newest versions)
+# pip too: the bundled one of `python -m venv` is older than the pinned one
+UV_TOOL_INSTALL := $(UV_ENV) $(UV) pip install --quiet --upgrade-package pip
 freeze_into = { sed -n '/^\# /p;/^$$/q' constraints/$(2).txt; echo; $(1)/bin/python -m pip freeze --all \
 	--disable-pip-version-check | grep -v -i -E '^(setuptools|wheel)=='; } > constraints/$(2).txt.new && \
 	mv constraints/$(2).txt.new constraints/$(2).txt
@@ -140,7 +142,7 @@ $(SAM): $(SAM_STAMP)
 # pip stays in the venv: shared/Makefile builds the layer with this venv's python3.12 -m pip.
 $(SAM_STAMP): $(UV_STAMP)
 	@test -n "$(SAM_PYTHON)" || { echo "no Python interpreter found for the SAM CLI venv"; exit 1; }
-	@echo "[setup] creating $(SAM_VENV) with aws-sam-cli $(SAM_CLI_VERSION) (pinned: constraints/sam-cli.txt)"
+	@echo "[setup] creating $(SAM_VENV) with aws-sam-cli $(SAM_CLI_VERSION) ($(call tool_pins_said,sam-cli))"
 	@$(SAM_PYTHON) -m venv $(SAM_VENV)
 	@$(UV_TOOL_INSTALL) --python $(SAM_VENV)/bin/python $(call tool_pins,sam-cli) pip aws-sam-cli==$(SAM_CLI_VERSION)
 	@rm -f $(SAM_VENV)/.aws-sam-cli-*; touch $@
@@ -178,7 +180,7 @@ FOCUS_STAMP := $(FOCUS_VENV)/.focus-validator-$(FOCUS_VALIDATOR_VERSION)
 $(FOCUS_VALIDATOR): $(FOCUS_STAMP)
 
 $(FOCUS_STAMP): $(UV_STAMP)
-	@echo "[setup] creating $(FOCUS_VENV) with focus-validator $(FOCUS_VALIDATOR_VERSION) (pinned: constraints/focus-validator.txt)"
+	@echo "[setup] creating $(FOCUS_VENV) with focus-validator $(FOCUS_VALIDATOR_VERSION) ($(call tool_pins_said,focus-validator))"
 	@$(PYTHON) -m venv $(FOCUS_VENV)
 	@$(UV_TOOL_INSTALL) --python $(FOCUS_VENV)/bin/python $(call tool_pins,focus-validator) \
 		pip focus_validator==$(FOCUS_VALIDATOR_VERSION) 'multimethod<1.11'
