@@ -1,25 +1,61 @@
 # AgentVM — two commands set up everything: `make serve` and `make test`.
+# Every dependency version comes from uv.lock (`make lock` regenerates it from pyproject.toml);
+# each set-up step prints one "[setup] ..." line.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Re-install when the dependency list changes.
-RUNTIME_STAMP := $(VENV)/.runtime-$(shell cksum pyproject.toml | cut -d' ' -f1)
-DEV_STAMP := $(VENV)/.dev-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ARGS ?=
 
-.PHONY: serve setup test lint typecheck unit bench clean
+# uv installs the locked versions (and writes the lock); itself pinned, installed into $(VENV) with pip.
+UV_VERSION ?= 0.13.9
+UV := $(BIN)/uv
+UV_STAMP := $(VENV)/.uv-$(UV_VERSION)
+# sync into $(VENV) whatever venv the shell has active; no uv progress bars in make's output
+UV_ENV := UV_PROJECT_ENVIRONMENT="$(abspath $(VENV))" VIRTUAL_ENV= UV_NO_PROGRESS=1
+# --locked: refuse (instead of re-resolving) when pyproject.toml and uv.lock disagree: run `make lock`.
+# --inexact: keep what the lock does not list (uv itself, pip).
+UV_SYNC := $(UV_ENV) $(UV) sync --quiet --locked --inexact
+# Re-install when the dependencies or their lock change.
+LOCK_SUM := $(shell cat pyproject.toml uv.lock 2>/dev/null | cksum | cut -d' ' -f1)
+RUNTIME_STAMP := $(VENV)/.runtime-$(LOCK_SUM)
+DEV_STAMP := $(VENV)/.dev-$(LOCK_SUM)
+
+.PHONY: serve setup test lint typecheck unit bench clean lock
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "[setup] creating $(VENV) with $(PYTHON) ($$($(PYTHON) -V 2>&1))"
+	@$(PYTHON) -m venv $(VENV)
 
-$(RUNTIME_STAMP): $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+$(UV_STAMP): $(BIN)/python
+	@echo "[setup] installing uv $(UV_VERSION) into $(VENV) (installs the locked dependencies)"
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	@rm -f $(VENV)/.uv-*; touch $@
+
+$(RUNTIME_STAMP): $(UV_STAMP)
+	@echo "[setup] installing runtime dependencies into $(VENV) (locked: uv.lock)"
+	@$(UV_SYNC) --no-default-groups || { echo "[setup] uv sync failed: after a pyproject.toml change, run 'make lock' (and commit uv.lock)"; exit 1; }
 	@rm -f $(VENV)/.runtime-*; touch $@
 
-$(DEV_STAMP): $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+$(DEV_STAMP): $(UV_STAMP)
+	@echo "[setup] installing runtime and dev dependencies into $(VENV) (locked: uv.lock, extra 'dev')"
+	@$(UV_SYNC) --no-default-groups --extra dev || { echo "[setup] uv sync failed: after a pyproject.toml change, run 'make lock' (and commit uv.lock)"; exit 1; }
 	@rm -f $(VENV)/.dev-* $(VENV)/.runtime-*; touch $@ $(RUNTIME_STAMP)
+
+# The Lambda artifacts' pins (pyproject.toml [dependency-groups]) and the worker image's are exported from the lock.
+UV_EXPORT := $(UV_ENV) $(UV) export --frozen --no-hashes --no-header --no-annotate --no-emit-project
+LOCK_ARGS ?=
+lock: $(UV_STAMP)  ## re-resolve uv.lock after a pyproject.toml change (LOCK_ARGS=--upgrade for newest) and re-export the pins
+	$(UV_ENV) $(UV) lock $(LOCK_ARGS)
+	@{ sed -n '/^# /p;/^$$/q' shared/requirements.txt; echo; $(UV_EXPORT) --only-group layer; } > shared/requirements.txt.new
+	@mv shared/requirements.txt.new shared/requirements.txt
+	@{ sed -n '/^# /p;/^$$/q' functions/chat_stream/requirements.txt; echo; $(UV_EXPORT) --only-group chat-stream --no-emit-package h11; } \
+		> functions/chat_stream/requirements.txt.new
+	@mv functions/chat_stream/requirements.txt.new functions/chat_stream/requirements.txt
+	@{ sed -n '/^# /p;/^$$/q' infra/container/constraints.txt; echo; $(UV_EXPORT) --no-default-groups --extra aws; } \
+		> infra/container/constraints.txt.new
+	@mv infra/container/constraints.txt.new infra/container/constraints.txt
+	@echo "uv.lock and its exports (shared/requirements.txt, functions/chat_stream/requirements.txt," \
+		"infra/container/constraints.txt) are up to date"
 
 serve: $(RUNTIME_STAMP)  ## run avm serve on 127.0.0.1:8080 (data in ~/.agentvm); extra flags via ARGS=...
 	$(BIN)/avm serve $(ARGS)
@@ -41,7 +77,11 @@ unit: $(DEV_STAMP) sam-cli bubblewrap focus-validator
 
 # The four set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.
 setup:
-	@$(MAKE) --no-print-directory -j4 $(DEV_STAMP) sam-cli bubblewrap focus-validator
+	@$(MAKE) --no-print-directory -j4 dev-deps sam-cli bubblewrap focus-validator
+
+.PHONY: dev-deps
+dev-deps: $(DEV_STAMP)
+	@:
 
 test: setup  ## install dev dependencies, lint, type-check and run the whole suite
 	@$(MAKE) --no-print-directory lint typecheck unit
@@ -58,6 +98,25 @@ bench: $(DEV_STAMP)  ## full benchmarks; results go to docs/benchmarks.md and do
 
 clean:
 	rm -rf $(VENV) $(FOCUS_VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
+
+# --- tools with their own venvs (pins that conflict with .venv's) ------------------------------------
+# The versions of each venv are pinned by constraints/<tool>.txt, a pip freeze of a working venv:
+# `make lock-tools` rebuilds both venvs unpinned (newest versions the tool allows) and re-freezes them.
+TOOL_PINS ?= 1
+tool_pins = $(if $(filter 1,$(TOOL_PINS)),--constraint constraints/$(1).txt)
+tool_pins_said = $(if $(filter 1,$(TOOL_PINS)),pinned: constraints/$(1).txt,unpinned: newest versions)
+# pip too: the bundled one of `python -m venv` is older than the pinned one
+UV_TOOL_INSTALL := $(UV_ENV) $(UV) pip install --quiet --upgrade-package pip
+freeze_into = { sed -n '/^\# /p;/^$$/q' constraints/$(2).txt; echo; $(1)/bin/python -m pip freeze --all \
+	--disable-pip-version-check | grep -v -i -E '^(setuptools|wheel)=='; } > constraints/$(2).txt.new && \
+	mv constraints/$(2).txt.new constraints/$(2).txt
+
+.PHONY: lock-tools
+lock-tools: $(UV_STAMP)  ## re-pin the SAM CLI and FOCUS validator venvs (constraints/*.txt)
+	rm -rf $(SAM_VENV) $(FOCUS_VENV)
+	$(MAKE) --no-print-directory $(SAM_STAMP) $(FOCUS_STAMP) TOOL_PINS=0
+	@$(call freeze_into,$(SAM_VENV),sam-cli)
+	@$(call freeze_into,$(FOCUS_VENV),focus-validator)
 
 # --- AWS SAM CLI (template checks and `sam build`) ------------------------------------------------
 # The SAM CLI lives in its own virtualenv: its boto3 pin conflicts with aioboto3's in $(VENV).
@@ -79,15 +138,17 @@ SAM_ENV := PATH="$(abspath $(SAM_VENV))/bin:$$PATH" SAM_CLI_TELEMETRY=0 AWS_EC2_
 
 $(SAM): $(SAM_STAMP)
 
-$(SAM_STAMP):
+# Its versions: constraints/sam-cli.txt (`make lock-tools`). Installed by the uv of $(VENV) (seconds, not minutes);
+# pip stays in the venv: shared/Makefile builds the layer with this venv's python3.12 -m pip.
+$(SAM_STAMP): $(UV_STAMP)
 	@test -n "$(SAM_PYTHON)" || { echo "no Python interpreter found for the SAM CLI venv"; exit 1; }
-	$(SAM_PYTHON) -m venv $(SAM_VENV)
-	$(SAM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(SAM_VENV)/bin/pip install --quiet aws-sam-cli==$(SAM_CLI_VERSION)
+	@echo "[setup] creating $(SAM_VENV) with aws-sam-cli $(SAM_CLI_VERSION) ($(call tool_pins_said,sam-cli))"
+	@$(SAM_PYTHON) -m venv $(SAM_VENV)
+	@$(UV_TOOL_INSTALL) --python $(SAM_VENV)/bin/python $(call tool_pins,sam-cli) pip aws-sam-cli==$(SAM_CLI_VERSION)
 	@rm -f $(SAM_VENV)/.aws-sam-cli-*; touch $@
 
 # Best effort: `make test` still runs (the template tests then skip `sam validate` with the reason).
-sam-cli:
+sam-cli: $(UV_STAMP)
 	@$(MAKE) --no-print-directory --silent $(SAM) || echo "SAM CLI venv could not be built (no Python or no PyPI access?): \
 	tests/template will skip 'sam validate'"
 
@@ -118,13 +179,15 @@ FOCUS_STAMP := $(FOCUS_VENV)/.focus-validator-$(FOCUS_VALIDATOR_VERSION)
 
 $(FOCUS_VALIDATOR): $(FOCUS_STAMP)
 
-$(FOCUS_STAMP):
-	$(PYTHON) -m venv $(FOCUS_VENV)
-	$(FOCUS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(FOCUS_VENV)/bin/pip install --quiet focus_validator==$(FOCUS_VALIDATOR_VERSION) 'multimethod<1.11'
+$(FOCUS_STAMP): $(UV_STAMP)
+	@echo "[setup] creating $(FOCUS_VENV) with focus-validator $(FOCUS_VALIDATOR_VERSION) ($(call tool_pins_said,focus-validator))"
+	@$(PYTHON) -m venv $(FOCUS_VENV)
+	@$(UV_TOOL_INSTALL) --python $(FOCUS_VENV)/bin/python $(call tool_pins,focus-validator) \
+		pip focus_validator==$(FOCUS_VALIDATOR_VERSION) 'multimethod<1.11'
 	@rm -f $(FOCUS_VENV)/.focus-validator-*; touch $@
 
 focus-validator: $(FOCUS_VALIDATOR)  ## the FOCUS validator venv .venv-focus (tests/billing needs it)
+	@:
 
 clean-focus:
 	rm -rf $(FOCUS_VENV)
@@ -137,6 +200,7 @@ clean-focus:
 
 bubblewrap:
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		echo "[setup] apt-get install bubblewrap (system-wide, as root; the only system package make installs)" && \
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && \
 		    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
