@@ -335,8 +335,8 @@ class Model:
         busy = D(1) if plan["host_turns"] or plan["lambda_turns"] else D(0)
         lb = self.load_balancer  # the connection metrics come from the hosts' front, not ws_connect/ws_default
         share = {"lambda": plan["lambda_hours_share"], "host": plan["host_hours_share"],
-                 "connections": D(0) if lb else busy, "front": busy if lb else D(0), "api": busy, "archive": busy, "sweep": D(1), "export": self.a.export_runs / HOURS_PER_MONTH,
-                 "failure": D(0)}
+                 "connections": D(0) if lb else busy, "front": busy if lb else D(0), "api": busy, "archive": busy,
+                 "sweep": D(1), "export": self.a.export_runs / HOURS_PER_MONTH, "failure": D(0)}
         return sum((share[kind] for _fn, _name, kind in METRICS), D(0))
 
     # ---- crossover, goals, the whole answer --------------------------------------------------------

@@ -47,4 +47,5 @@ async def test_a_refused_key_is_one_line_without_the_key(stack: doctor_cloud.Sta
     code, out, err = await chat("hello\n", "--url", f"{stack.edge.url}?token=avm_wrong", "--http-url", stack.stream)
     assert (code, out) == (1, ""), err
     # the URL is shown without its query: the key never reaches the terminal
-    assert err == f"avm chat: {stack.edge.url} refused the connection (HTTP 401): API key not valid (check --token or $AVM_TOKEN)\n"
+    assert err == (f"avm chat: {stack.edge.url} refused the connection (HTTP 401): API key not valid "
+                   "(check --token or $AVM_TOKEN)\n")
