@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from agentvm.drivers.scripted import ScriptedDriver
-from tests.support.error_shape import Answer, assert_shape, check_every_route
+from tests.support.error_shape import Answer, assert_shape, check_every_route, http_call
 from tests.support.servers import in_process
 
 
@@ -18,12 +18,7 @@ async def test_every_route_of_avm_serve_answers_errors_in_one_shape(tmp_path: Pa
             httpx.AsyncClient(base_url=srv.http) as http:
         doc = (await http.get("/openapi.json")).json()
 
-        async def call(method: str, path: str, body: Any) -> Answer:
-            res = await http.request(method, path, json=body) if body is not None else \
-                await http.request(method, path)
-            return Answer(res.status_code, res.headers, res.json())
-
-        checked = await check_every_route(doc, call)
+        checked = await check_every_route(doc, http_call(http))
         routes = [p for p in doc["paths"]]
         assert len(routes) >= 30
         # every path but the one serving all five methods got a wrong method; every JSON body a bad one

@@ -3,15 +3,13 @@ sessions, … behind the Lambda Web Adapter), served by uvicorn on moto (issue 1
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
 from tests.cloud.test_chat_stream import auth, stream  # noqa: F401  (the fixture)
-from tests.support.error_shape import Answer, check_every_route
+from tests.support.error_shape import check_every_route, http_call
 
 
 async def test_every_route_of_the_streaming_app_answers_errors_in_one_shape(
@@ -22,11 +20,6 @@ async def test_every_route_of_the_streaming_app_answers_errors_in_one_shape(
     async with httpx.AsyncClient(base_url=url, headers=auth(token), timeout=30) as http:
         doc = (await http.get("/openapi.json")).json()
 
-        async def call(method: str, path: str, body: Any) -> Answer:
-            res = await http.request(method, path, json=body) if body is not None else \
-                await http.request(method, path)
-            return Answer(res.status_code, res.headers, res.json())
-
-        checked = await check_every_route(doc, call)
+        checked = await check_every_route(doc, http_call(http))
     assert len(checked.wrong_methods) == len(doc["paths"]) >= 20
     assert len(checked.bad_bodies) >= 5 and checked.missing_fields

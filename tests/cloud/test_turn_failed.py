@@ -38,20 +38,13 @@ from agentvm.ids import now_ms
 from tests.aws_fixtures import REGION
 from tests.support.cloud_edge import CloudEdge
 from tests.support.lambda_process import ProcessEnvironments
+from tests.support.scripts import slow_reply_script
 from tests.support.stock_client import StockClient
 
 REPO = Path(__file__).resolve().parents[2]
 TENANT = "t-failed"
 MODEL = "claude-haiku-4-5"  # priced: each LLM call holds its worst case on the budget
-SCRIPT = """
-rules:
-  - match: "^slow"
-    responses:
-      - text: ["w00 ", "w01 ", "w02 ", "w03 ", "w04 ", "w05 ", "w06 ", "w07 ", "w08 ", "w09 ",
-               "w10 ", "w11 ", "w12 ", "w13 ", "w14 ", "w15 ", "w16 ", "w17 ", "w18 ", "w19"]
-        delay_ms: 200
-        usage: {input_tokens: 40, output_tokens: 20}
-"""
+SCRIPT = slow_reply_script("^slow", delay_ms=200)
 TOLD_WITHIN_S = 10.0
 
 

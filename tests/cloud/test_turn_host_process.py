@@ -41,21 +41,14 @@ from agentvm.hosting.turn_sweep import SWEEP_GRACE_MS, sweep
 from agentvm.ids import now_ms
 from tests.aws_fixtures import REGION
 from tests.support.cloud_edge import CloudEdge, cloud_edge
+from tests.support.scripts import slow_reply_script
 from tests.support.stock_client import StockClient
 from tests.support.turn_hosts import create_queue
 
 REPO = Path(__file__).resolve().parents[2]
 TENANT = "t-hosts"
 MODEL = "claude-haiku-4-5"  # priced: each LLM call holds its worst case on the budget
-SCRIPT = """
-rules:
-  - match: "^slow"
-    responses:
-      - text: ["w00 ", "w01 ", "w02 ", "w03 ", "w04 ", "w05 ", "w06 ", "w07 ", "w08 ", "w09 ",
-               "w10 ", "w11 ", "w12 ", "w13 ", "w14 ", "w15 ", "w16 ", "w17 ", "w18 ", "w19"]
-        delay_ms: 150
-        usage: {input_tokens: 40, output_tokens: 20}
-"""
+SCRIPT = slow_reply_script("^slow", delay_ms=150)
 LEASE_S = 3
 HEARTBEAT_S = 0.5
 

@@ -76,6 +76,15 @@ def json_body_schema(operation: Mapping[str, Any], doc: Mapping[str, Any]) -> di
     return dict(schema)
 
 
+def http_call(http: Any) -> Call:
+    """`call` for `check_every_route` over an httpx.AsyncClient (a JSON body when one is given)."""
+    async def call(method: str, path: str, body: Any) -> Answer:
+        res = await http.request(method, path, json=body) if body is not None else await http.request(method, path)
+        return Answer(res.status_code, res.headers, res.json())
+
+    return call
+
+
 async def check_every_route(doc: Mapping[str, Any], call: Call) -> Checked:
     checked = Checked()
     unknown = await call("get", "/v1/no-such-route", None)

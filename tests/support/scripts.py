@@ -64,3 +64,17 @@ class RecordingDriver:
         self.requests.append(request)
         async for ev in self.inner.stream(request):
             yield ev
+
+
+def slow_reply_script(match: str, delay_ms: int) -> str:
+    """A script whose one rule streams 20 words, `delay_ms` apart, with usage (40 in, 20 out): a turn
+    that lasts long enough to be killed, interrupted or watched mid-stream."""
+    words = ", ".join(f'"w{i:02d} "' for i in range(19)) + ', "w19"'
+    return f"""
+rules:
+  - match: "{match}"
+    responses:
+      - text: [{words}]
+        delay_ms: {delay_ms}
+        usage: {{input_tokens: 40, output_tokens: 20}}
+"""
