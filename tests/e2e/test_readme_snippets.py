@@ -12,6 +12,8 @@ The only rewriting of a snippet (`localize`), so the test's server is the one it
   the test's data dir;
 - `.venv/bin/` becomes the bin directory of the Python running the tests (under `make test` that is
   `.venv/bin/` itself);
+- the tools fragment continues the AgentVMClient program: it runs with that program's `avm` (an
+  `AgentVMClient` of the test's server, container `user-alice` created) and its top-level `await`;
 - `img_…` (a placeholder the reader fills in) becomes the image the first `avm chat` printed;
 - commands get `AVM_URL=ws://127.0.0.1:<port>/ws` in their environment (what `avm chat` uses when no
   `--url` is given; its default is the default address), and a temporary `HOME` and `XDG_DATA_HOME`, so
@@ -19,6 +21,8 @@ The only rewriting of a snippet (`localize`), so the test's server is the one it
 
 from __future__ import annotations
 
+import ast
+import asyncio
 import contextlib
 import json
 import os
@@ -35,6 +39,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agentvm_client import AgentVMClient, RequestFailed
 from tests.support.servers import REPO, ServeProcess, free_port, stop_serve
 
 README = REPO / "README.md"
@@ -49,9 +54,9 @@ SSE = ("curl -N http://127.0.0.1:8080/api/v1/chat/completions -H 'content-type: 
 USAGE = 'curl -s "http://127.0.0.1:8080/v1/usage?period=$(date -u +%Y-%m)&groupBy=model"'
 PY_CLIENT = "from agentvm_client import AgentVMClient"
 PY_MANAGEMENT = "from agentvm_client import ManagementClient"
-RUN = (SERVE, CHAT, CHAT_IMAGE, SSE, USAGE, PY_CLIENT, PY_MANAGEMENT)
+FRAGMENT = 'config = {"name": "Coder", "tools":'  # continues the PY_CLIENT program: run with its `avm`
+RUN = (SERVE, CHAT, CHAT_IMAGE, SSE, USAGE, PY_CLIENT, PY_MANAGEMENT, FRAGMENT)
 AGENTX = 'import { createAgentX } from "agentxjs";'
-FRAGMENT = 'config = {"name": "Coder", "tools":'
 PROGRAMS = {PY_CLIENT, PY_MANAGEMENT, AGENTX, FRAGMENT}  # keys of ```python and ```js blocks
 
 NOT_RUN = {
@@ -62,8 +67,6 @@ NOT_RUN = {
                                          "streams in tests/billing/test_recorded_streams.py",
     AGENTX: "needs the npm package agentxjs, which make test does not install; the stock client's requests run "
             "in tests/e2e/test_serve.py (StockClient); syntax-checked with `node --check` when node is installed",
-    FRAGMENT: "a fragment of the AgentVMClient program (its `avm`, a top-level await); tools and MCP servers: "
-              "tests/tools, tests/sandbox",
     "make sam-build": "builds the Lambda artifacts for AWS (minutes, network); tests/template checks the template",
     ".venv-sam/bin/sam deploy --guided": "interactive, deploys to an AWS account",
     ".venv/bin/uv sync --locked --inexact --extra aws": "changes the venv running the tests; make test "
@@ -219,6 +222,22 @@ class Env:
             stop_serve(srv)
 
 
+async def run_fragment(fragment: str, url: str) -> str:
+    """The fragment as the rest of the AgentVMClient program: after its `container_create`, inside its
+    `async with`; answers the id of the image the fragment created."""
+    async with AgentVMClient(url) as avm:
+        await avm.request_ok("container_create", {"containerId": "user-alice"})
+        before = {i["imageId"] for i in (await avm.request_ok("image_list", {"containerId": "user-alice"}))
+                  ["data"]["records"]}
+        code = compile(fragment, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        awaiting = eval(code, {"avm": avm})  # README.md's own code, as a reader would run it
+        if awaiting is not None:
+            await awaiting
+        (image,) = [i["imageId"] for i in (await avm.request_ok("image_list", {"containerId": "user-alice"}))
+                    ["data"]["records"] if i["imageId"] not in before]
+        return str(image)
+
+
 def sse_events(text: str) -> list[tuple[str, dict[str, object]]]:
     events = []
     for chunk in text.split("\n\n"):
@@ -275,6 +294,16 @@ def test_the_readme_quick_start_runs_literally(tmp_path: Path) -> None:
         turns += 2
         found = httpx.get(f"{srv.http}/v1/resources", params={"kind": "prompt"}, timeout=10).json()["items"]
         assert [(r["name"], r["version"]) for r in found] == [("sales", "1.0.0")]
+
+        # the tools fragment: an image with the built-in tools and two MCP servers (none started yet)
+        try:
+            coder = asyncio.run(run_fragment(units[FRAGMENT][1], env.localize("ws://127.0.0.1:8080/ws")))
+        except RequestFailed as refused:  # neither bubblewrap nor root: the documented refusal
+            assert os.geteuid() != 0 and "sandbox_unavailable" in str(refused.response), refused
+        else:
+            got = httpx.get(f"{srv.http}/v1/images/{coder}", timeout=10).json()
+            assert (got["name"], got["mcpServers"]) == ("Coder", ["files", "search"])
+            assert got["tools"] == ["bash", "read_file", "write_file", "edit_file", "list_files"]
 
         for _ in range(2):
             usage = json.loads(env.sh(units[USAGE][1]))
