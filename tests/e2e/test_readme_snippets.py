@@ -8,6 +8,8 @@ blocks are shown output and never run. A command or program that is neither run 
 (`NOT_RUN`), a block without a tag, or a stale entry fails `test_every_readme_block_is_run_or_listed`.
 
 The only rewriting of a snippet (`localize`), so the test's server is the one it talks to:
+- the `make serve ARGS=…` line runs as `make -n serve ARGS=…` (a dry run: what make would run), and the
+  command it prints, the Makefile's `.venv/bin/avm serve …`, is started;
 - `127.0.0.1:8080` (the default address) and `--port 9000` become the test server's port, `/tmp/avm`
   the test's data dir;
 - `.venv/bin/` becomes the bin directory of the Python running the tests (under `make test` that is
@@ -193,17 +195,21 @@ class Env:
 
     @contextlib.contextmanager
     def serve(self, line: str) -> Iterator[ServeProcess]:
-        """`make serve ARGS=…` as the Makefile's serve recipe runs it: `$(BIN)/avm serve $(ARGS)`."""
-        makefile = (REPO / "Makefile").read_text()
-        assert re.search(r"^serve: .*\n\t\$\(BIN\)/avm serve \$\(ARGS\)$", makefile, re.MULTILINE)
-        assert re.search(r"^VENV \?= \.venv$", makefile, re.MULTILINE) and "BIN := $(VENV)/bin" in makefile
-        make, target, assignment = shlex.split(self.localize(line))
-        assert (make, target) == ("make", "serve") and assignment.startswith("ARGS=")
-        args = shlex.split(assignment.removeprefix("ARGS="))
+        """The `make serve ARGS=…` line: `make -n` (the same line, dry run) says what it runs, the Makefile's
+        serve recipe `$(BIN)/avm serve $(ARGS)`; that command is started."""
+        make, *rest = shlex.split(self.localize(line))
+        assert make == "make" and rest[0] == "serve", line
+        quiet = {k: v for k, v in self.vars.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+        dry = subprocess.run(["make", "-n", "--no-print-directory", *rest], capture_output=True, text=True,
+                             cwd=REPO, env=quiet, timeout=60)
+        assert dry.returncode == 0, dry.stderr
+        command = shlex.split(self.localize(dry.stdout.strip().splitlines()[-1]))
+        assert command[:2] == [str(self.bin / "avm"), "serve"], dry.stdout
+        args = command[2:]
         assert args[args.index("--port") + 1] == str(self.port) and args[args.index("--data-dir") + 1] == str(self.data)
         log_path = self.tmp / "serve.log"
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen([str(self.bin / "avm"), "serve", *args], stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                     env=self.vars, cwd=REPO)
         srv = ServeProcess(proc, self.port, log_path)
         try:
