@@ -2,7 +2,7 @@
 
 ```python
 async with ManagementClient("http://127.0.0.1:8080", token=None) as avm:
-    await avm.resources.register(kind="prompt", name="sales", version="1.0.0", content={"text": "..."})
+    await avm.resources.publish(kind="prompt", name="sales", version="1.0.0", content={"text": "..."})
     image = await avm.images.build("user-alice", agent="resource://agents/seller")
     print(image["pins"])
 ```
@@ -97,6 +97,38 @@ class Resources(_Api):
     async def register(self, *, kind: str, name: str, version: str, content: JSON, **extra: Any) -> JSON:
         body = {"kind": kind, "name": name, "version": version, "content": content, **extra}
         return dict(await self._call("POST", "/v1/resources", json=body))
+
+    async def publish(self, *, kind: str, name: str, version: str, content: JSON, **extra: Any) -> JSON:
+        """Register the resource, or add `version` to the caller's own resource of that kind and name.
+        Safe to run again: a version that exists with the same content is returned as it is; one that
+        exists with other content still raises the server's conflict (versions are immutable)."""
+        own = await self._own(kind, name)
+        if own is None:
+            return await self.register(kind=kind, name=name, version=version, content=content, **extra)
+        try:
+            return await self.add_version(own, version=version, content=content, **extra)
+        except ManagementError as conflict:
+            if conflict.status != 409:
+                raise
+            try:
+                existing = await self.get(own, version)
+            except ManagementError:
+                raise conflict from None
+            if existing["content"] != content or any(existing.get(k) != v for k, v in extra.items()):
+                raise
+            return existing
+
+    async def _own(self, kind: str, name: str) -> str | None:
+        """The id of the caller's own resource `kind`/`name` (discover matches names by prefix)."""
+        cursor: str | None = None
+        while True:
+            page = await self.discover(kind=kind, name=name, limit=200, cursor=cursor)
+            for item in page["items"]:
+                if item["own"] and item["name"] == name:
+                    return str(item["resourceId"])
+            cursor = page.get("nextCursor")
+            if not cursor:
+                return None
 
     async def add_version(self, resource_id: str, *, version: str, content: JSON, **extra: Any) -> JSON:
         return dict(await self._call("PUT", f"/v1/resources/{resource_id}",

@@ -46,3 +46,29 @@ async def test_definitions_images_resources_config(tmp_path: Path) -> None:
         with pytest.raises(ManagementError) as bad:
             await avm.images.build("c-py", config={"maxTokens": 0})
         assert (bad.value.status, bad.value.field) == (400, "config.maxTokens")
+
+
+async def test_publish_registers_adds_versions_and_runs_again(tmp_path: Path) -> None:
+    """`resources.publish` (README's snippet runs twice): the first call registers, a new version is
+    added to the same resource, an identical version is returned as stored, other content is refused."""
+    async with in_process(tmp_path / "data", driver=ScriptedDriver()) as srv, ManagementClient(srv.url) as avm:
+        await avm.resources.register(kind="prompt", name="sales-old", version="1.0.0", content={"text": "Old."})
+        first = await avm.resources.publish(kind="prompt", name="sales", version="1.0.0", content={"text": "Sell."})
+        again = await avm.resources.publish(kind="prompt", name="sales", version="1.0.0", content={"text": "Sell."})
+        assert again["resourceId"] == first["resourceId"] and again["createdAt"] == first["createdAt"]
+        newer = await avm.resources.publish(kind="prompt", name="sales", version="1.1.0", content={"text": "More."},
+                                            description="v2")
+        assert newer["resourceId"] == first["resourceId"] and newer["description"] == "v2"
+        assert (await avm.resources.publish(kind="prompt", name="sales", version="1.1.0", content={"text": "More."},
+                                            description="v2"))["createdAt"] == newer["createdAt"]
+        with pytest.raises(ManagementError) as changed:
+            await avm.resources.publish(kind="prompt", name="sales", version="1.0.0", content={"text": "Other."})
+        assert (changed.value.status, changed.value.code) == (409, "conflict")
+        assert "Version 1.0.0 of prompt/sales already exists" in changed.value.message
+        with pytest.raises(ManagementError) as bad:
+            await avm.resources.publish(kind="prompt", name="sales", version="x", content={"text": "Sell."})
+        assert (bad.value.status, bad.value.field) == (400, "version")
+        got = await avm.resources.get(first["resourceId"])
+        assert [v["version"] for v in got["versions"]] == ["1.1.0", "1.0.0"]
+        names = sorted(i["name"] for i in (await avm.resources.discover(kind="prompt"))["items"])
+        assert names == ["sales", "sales-old"]
