@@ -95,7 +95,8 @@ class CloudFanout:
         known = self._known_containers.setdefault(connection_id, set())
         if container_id not in known:
             known.add(container_id)
-            self._write(self.registry.watch(self.tenant_id, container_id, connection_id))
+            # in the op queue like a live subscription: a container event queued after this finds it
+            self._op("watch", container_id, connection_id)
 
     def attach(self, connection_id: str, session_id: str, container_id: str) -> None:
         """Live events only: recorded for later invocations and effective at once for this one."""
@@ -262,6 +263,8 @@ class CloudFanout:
                     if cached is not None:
                         self._subs[str(args[0])] = (float("-inf"), cached[1])
                     await self._subscribers(str(args[0]), 1 << 62, forced=bool(args[1]))
+                elif kind == "watch":
+                    await self.registry.watch(self.tenant_id, str(args[0]), str(args[1]))
                 elif kind == "live":
                     await self._record_live(str(args[0]), str(args[1]))
                 elif kind == "mark":
