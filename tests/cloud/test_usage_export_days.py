@@ -180,3 +180,33 @@ def test_a_small_month_is_one_put_and_a_daily_file_shorter_than_the_header_fails
         handler.handler({"day": "2026-11-02"}, None)
     assert s3.get_object(Bucket=bucket, Key=f"{PREFIX}/monthly/2026-11.csv")["Body"].read() == HEADER  # kept
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_a_failed_server_side_copy_fails_the_upload_and_leaves_nothing(aws_env: None, moto_endpoint: str) -> None:
+    from botocore.exceptions import ClientError
+
+    from agentvm.adapters.aws.s3_blobs import S3BlobStore
+    from agentvm.errors import InvalidRequest
+
+    bucket = f"agentvm-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="exports/a.csv", Body=b"x" * (6 * MIB))
+    blobs = S3BlobStore(bucket, prefix="exports", endpoint_url=moto_endpoint, region_name="us-east-1")
+
+    async def scenario() -> None:
+        assert await blobs.sizes("") == {"a.csv": 6 * MIB}
+        upload = blobs.upload("joined.csv", "text/csv")
+        with pytest.raises(InvalidRequest, match=r"copy of a\.csv: bad byte range 5-4"):
+            await upload.copy("a.csv", 5, 4)
+        await upload.copy("a.csv", 0, 6 * MIB)  # one server-side part
+        await upload.copy("gone.csv", 0, 6 * MIB)  # a source that is not there: its copy part fails
+        with pytest.raises(ClientError, match=r"\(404\) when calling the UploadPartCopy operation"):
+            await upload.finish()
+
+    try:
+        cloud_runtime.run(scenario())
+    finally:
+        cloud_runtime.run(blobs.close())
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="exports/joined")
