@@ -637,6 +637,11 @@ class BlobUpload(Protocol):
 
     async def write(self, data: bytes) -> None: ...
 
+    async def copy(self, key: str, start: int, end: int) -> None:
+        """Append bytes [start, end) of the blob `key` of the same store (S3: copied server-side
+        where the range can be a part of its own)."""
+        ...
+
     async def finish(self) -> int:
         """Make the blob visible; returns its size in bytes."""
         ...
@@ -648,6 +653,10 @@ class BlobUploads(Protocol):
     """Blobs too large to hold in memory, written as a stream (the scheduled usage export)."""
 
     def upload(self, key: str, content_type: str = "application/octet-stream") -> BlobUpload: ...
+
+    async def sizes(self, prefix: str) -> dict[str, int]:
+        """Every blob whose key starts with `prefix`, with its size in bytes (keys as `upload` takes them)."""
+        ...
 
 
 class FileSystemFactory(Protocol):

@@ -346,9 +346,10 @@ ASSUMPTION_WHY = {
     "sweep_ms": "turn_sweep: 16 index Queries that find nothing",
     "sweep_rru": "16 index Queries at 0.5 RRU while no turn is unfinished",
     "export_runs": "usage_export's daily cron",
-    "export_ms_base": "usage_export start-up and its S3 PUTs",
+    "export_ms_base": "usage_export start-up, its S3 PUTs and the monthly file joined from the daily files "
+                      "(server-side copies)",
     "export_memory_mb": "template: usage_export runs at 1769 MB (one vCPU: it is CPU-bound; streamed, it needs "
-                        "~200 MB)",
+                        "~80 MB); a run reads its day's records (~1M at 30M turns a month: ~150 s)",
     "archive_runs": "history_archive: one invocation per 300 s batching window while TTL deletes arrive",
     "archive_ms_base": "history_archive: decode a batch of stream records",
     "archive_ms_per_put": "history_archive: one gzip PUT per session in the batch",

@@ -259,7 +259,7 @@ class Model:
     def _schedule_lines(self, s: Scenario) -> list[Line]:
         a, p = self.a, self.p
         fmb = D(a.function_memory_mb) / MB_PER_GB
-        records = s.turns / 2  # a daily run reads the month to date: half a month on average
+        records = s.turns / DAYS_PER_MONTH  # a daily run reads its day; the month is joined from the daily files
         export_ms = a.export_ms_base + a.export_ms_per_record * records
         puts = s.sessions * a.archive_puts_per_session
         archive_runs = a.archive_runs if s.turns else D(0)

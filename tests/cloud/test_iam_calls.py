@@ -315,7 +315,7 @@ async def test_the_scheduled_and_stream_fed_functions_make_only_allowed_calls(
     cloud_runtime.reset()
     await asyncio.to_thread(_scheduled_scenario, d, done["session_id"])
     assert "dynamodb:Query" in operations("turn_sweep")
-    assert {"dynamodb:Query", "s3:PutObject"} <= operations("usage_export")
+    assert {"dynamodb:Query", "s3:PutObject", "s3:ListObjectsV2", "s3:GetObject"} <= operations("usage_export")
     assert {"s3:PutObject", "dynamodb:UpdateItem"} <= operations("history_archive")
     assert_allowed(template, d.stack, "turn_sweep", "usage_export", "history_archive")
 
@@ -325,8 +325,9 @@ def _scheduled_scenario(d: Deployment, session_id: str) -> None:
 
     load_handler("turn_sweep").handler({}, None)
     out = load_handler("usage_export").handler({"day": time.strftime("%Y-%m-%d", time.gmtime())}, None)
-    day_rows, month_rows = out["files"].values()
-    assert day_rows == month_rows > 0, out  # the turn's usage, in the day's file and the month's
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    assert out["files"][f"exports/focus/daily/{today}.csv"] > 0, out  # the turn's usage
+    assert (out["monthly"]["through"], out["missing"]) == (today, []), out  # earlier days written, month joined
     items = _history_items(d, session_id)
     assert len(items) >= 3, "the turn stored no history"
     load_handler("history_archive").handler({"Records": [record(i, n) for n, i in enumerate(items)]}, None)

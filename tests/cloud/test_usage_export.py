@@ -48,13 +48,19 @@ def test_the_daily_run_writes_the_day_and_the_month_to_date(cloud: cloud_runtime
     for r in records:
         assert cloud_runtime.run(cloud.meter.ledger.settle(r, reserved=Decimal(0), reserved_period="2026-11",
                                                            key_held=False))
-    handler = load_handler("usage_export")
-    out = handler.handler({"day": "2026-11-05"}, None)
-    # one row per charged token class: the 5th has 3 + 2 rows, the month 2 + 3 + 2 + 2
-    assert out == {"day": "2026-11-05", "files": {"exports/focus/daily/2026-11-05.csv": 5,
-                                                  "exports/focus/monthly/2026-11.csv": 9}}
     s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
     bucket = cloud.settings.bucket
+    handler = load_handler("usage_export")
+    out = handler.handler({"day": "2026-11-05"}, None)
+    month_bytes = s3.head_object(Bucket=bucket, Key="exports/focus/monthly/2026-11.csv")["ContentLength"]
+    # one row per charged token class: the 5th has 3 + 2 rows; the 4th (and the 1st to the 3rd, empty),
+    # without a file yet, are written too; the month is joined from the days 1 to 5
+    assert out == {"day": "2026-11-05", "files": {"exports/focus/daily/2026-11-05.csv": 5,
+                                                  **{f"exports/focus/daily/2026-11-0{d}.csv": 0 for d in (1, 2, 3)},
+                                                  "exports/focus/daily/2026-11-04.csv": 2},
+                   "monthly": {"key": "exports/focus/monthly/2026-11.csv", "days": 5, "through": "2026-11-05",
+                               "bytes": month_bytes}, "missing": []}
+    assert handler.handler({"day": "2026-11-06"}, None)["files"] == {"exports/focus/daily/2026-11-06.csv": 2}
 
     def rows(key: str) -> list[dict[str, str]]:
         body = s3.get_object(Bucket=bucket, Key=key)
@@ -67,7 +73,7 @@ def test_the_daily_run_writes_the_day_and_the_month_to_date(cloud: cloud_runtime
         ("acme", "anthropic/claude-haiku-4/output"), ("globex", "anthropic/claude-haiku-4/input"),
         ("globex", "anthropic/claude-haiku-4/output")]
     assert sum(Decimal(r["BilledCost"]) for r in daily) == records[1].billed_cost + records[2].billed_cost
-    monthly = rows("exports/focus/monthly/2026-11.csv")
+    monthly = rows("exports/focus/monthly/2026-11.csv")  # to the 6th: every record
     assert sum(Decimal(r["BilledCost"]) for r in monthly) == sum(r.billed_cost for r in records)
     assert {r["BillingPeriodStart"] for r in monthly} == {"2026-11-01T00:00:00Z"}
     # the streamed file: charge-time order, each record's rows as the small export writes them

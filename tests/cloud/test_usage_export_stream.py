@@ -1,6 +1,8 @@
 """The scheduled export at scale (issue 18, finding 6): a month of 200,000 usage records exported by
 the real `export_day` and `S3BlobStore` (multipart uploads to the moto server) in a child process
-whose peak memory is measured, and the files read back and checked.
+whose peak memory is measured, and the files read back and checked. The run is for the month's last
+day with no daily file yet: it writes the 30 daily files (each record read once) and joins them into
+the monthly file (server-side copies of the daily files, ~10 MB each).
 
 The records come from `tests/support/usage_month.py`, made one at a time, not from DynamoDB on moto:
 moto answers every Query page by walking and sorting the whole table (200 pages × 200,000 items ran
@@ -41,8 +43,9 @@ from tests.support import usage_month
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = 200_000
-DAY = "2026-11-05"
-DAY_START = usage_month.NOV_1 + 4 * 86_400_000
+DAY = "2026-11-30"
+DAY_START = usage_month.NOV_1 + 29 * 86_400_000
+DAY_RECORDS = 6_666
 EXPORT_RSS_BOUND = 64 * 1024 * 1024
 PART = 8 * 1024 * 1024
 
@@ -62,14 +65,23 @@ def test_a_month_of_200k_records_is_exported_in_bounded_memory(aws_env: None, mo
     growth = got["peak"] - got["base"]
     print(f"\nexported {RECORDS:,} records in {got['seconds']:.1f} s ({time.monotonic() - t0:.1f} s with the "
           f"child's start); RSS {got['base'] / 2**20:.0f} MiB after set-up, peak {got['peak'] / 2**20:.0f} MiB "
-          f"(+{growth / 2**20:.1f} MiB); files {got['files']}")
+          f"(+{growth / 2**20:.1f} MiB); {len(got['files'])} daily files, monthly {got['monthly']}; the next run "
+          f"{got['rerun']}")
 
     day_n, day_list, day_billed = usage_month.totals(RECORDS, DAY_START, DAY_START + 86_400_000)
     _n, month_list, month_billed = usage_month.totals(RECORDS)
-    assert day_n == 6_667
+    assert day_n == DAY_RECORDS
     daily, monthly = f"daily/{DAY}.csv", "monthly/2026-11.csv"
-    assert {k: v[:2] for k, v in got["files"].items()} == {daily: [2 * day_n, str(day_billed)],
-                                                           monthly: [2 * RECORDS, str(month_billed)]}
+    assert got["read"] == RECORDS  # each record read once: by its day's export, never again for the month
+    assert len(got["files"]) == 30 and got["files"][daily][:2] == [2 * day_n, str(day_billed)]
+    assert sum(f[0] for f in got["files"].values()) == 2 * RECORDS
+    assert got["monthly"][0] == monthly and got["monthly"][2] == 30
+    header_bytes = len(",".join(FOCUS_COLUMNS)) + 1  # the header line and its newline
+    assert got["monthly"][1] == sum(f[2] for f in got["files"].values()) - 29 * header_bytes
+    got["files"][monthly] = [2 * RECORDS, str(month_billed), got["monthly"][1]]
+    # the schedule's run once every earlier day has its file: the day's records only, the month joined again
+    assert got["rerun"]["read"] == DAY_RECORDS and got["rerun"]["files"] == [daily]
+    assert got["rerun"]["monthly"] == got["monthly"][1]
     assert got["samples"] > 100  # the sampler ran through the export
     assert growth < EXPORT_RSS_BOUND, f"the export grew the process by {growth / 2**20:.1f} MiB"
 
@@ -79,8 +91,9 @@ def test_a_month_of_200k_records_is_exported_in_bounded_memory(aws_env: None, mo
                                                      (monthly, records, month_list, month_billed)):
         head = s3.head_object(Bucket=bucket, Key=f"exports/focus/{key}")
         assert head["ContentType"] == "text/csv" and head["ContentLength"] == got["files"][key][2]
-        parts = -(-head["ContentLength"] // PART)
-        assert head["ETag"].strip('"').endswith(f"-{parts}") if parts > 1 else "-" not in head["ETag"]
+        if key == daily:
+            parts = -(-head["ContentLength"] // PART)
+            assert head["ETag"].strip('"').endswith(f"-{parts}") if parts > 1 else "-" not in head["ETag"]
         body = s3.get_object(Bucket=bucket, Key=f"exports/focus/{key}")["Body"]
         reader = csv.reader(io.TextIOWrapper(body, encoding="utf-8", newline=""))
         header = next(reader)

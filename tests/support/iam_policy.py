@@ -322,6 +322,10 @@ def authorizations(service: str, operation: str, params: Mapping[str, Any], *,
             return [Check("s3:DeleteObject", f"arn:aws:s3:::{p['Bucket']}/{o['Key']}") for o in p["Delete"]["Objects"]]
         if operation in ("CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"):
             return [Check("s3:PutObject", obj)]  # a multipart upload is authorised as the PutObject it makes
+        if operation == "UploadPartCopy":  # the destination's PutObject and the source's GetObject
+            src = p["CopySource"]
+            source = f"{src['Bucket']}/{src['Key']}" if isinstance(src, dict) else str(src).lstrip("/")
+            return [Check("s3:PutObject", obj), Check("s3:GetObject", f"arn:aws:s3:::{source}")]
         if operation == "AbortMultipartUpload":
             return [Check("s3:AbortMultipartUpload", obj)]
         if operation in ("ListObjectsV2", "ListObjects"):

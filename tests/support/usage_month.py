@@ -3,9 +3,11 @@ export's memory test (tests/cloud/test_usage_export_stream.py), in its child pro
 
     python -m tests.support.usage_month <moto endpoint> <bucket> <day> <records>
 
-exports the month through the real `export_day` and `S3BlobStore` (multipart uploads to the endpoint),
-then prints one JSON line: the files, the RSS after set-up and its peak during the export (sampled every
-10 ms), the export's seconds.
+runs the real `export_day` and `S3BlobStore` (multipart uploads to the endpoint) for the day: with no
+daily file in the bucket yet, every day of the month to it, then the monthly file joined from them; then
+runs it again for the same day (now the schedule's case: only the day is read, the month joined again);
+prints one JSON line: the daily files, the monthly one, the records read, the RSS after set-up and its
+peak during the first export (sampled every 10 ms), both runs' seconds.
 """
 
 from __future__ import annotations
@@ -51,15 +53,21 @@ def totals(count: int, since_ms: int = NOV_1, until_ms: int = DEC_1) -> tuple[in
 
 
 class GeneratedLedger:
-    """`stream_usage` of the month, made one record at a time (the ledger's other methods are unused)."""
+    """`stream_usage` of the month, made one record at a time (the ledger's other methods are unused);
+    `read`: the records it made (a day's run makes only the day's)."""
 
     def __init__(self, count: int) -> None:
         self.count = count
+        self.read = 0
 
     async def stream_usage(self, tenant_id: str | None, *, since_ms: int,
                            until_ms: int) -> AsyncIterator[UsageRecord]:
-        for i in range(self.count):
+        step = step_ms(self.count)  # record i ended at NOV_1 + i × step + 1: the indexes of [since, until)
+        first = max(0, -(-(since_ms - NOV_1 - 1) // step))
+        last = min(self.count, max(0, -(-(until_ms - NOV_1 - 1) // step)))
+        for i in range(first, last):
             r = record(i, self.count)
+            self.read += 1
             if since_ms <= r.ended_at < until_ms and tenant_id in (None, r.tenant_id):
                 yield r
 
@@ -100,14 +108,23 @@ def main(argv: list[str]) -> None:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         t0 = time.monotonic()
+        ledger = GeneratedLedger(count)
         try:
-            files = await export_day(cast(Any, GeneratedLedger(count)), blobs, day)
+            exported = await export_day(cast(Any, ledger), blobs, day)
         finally:
             seconds = time.monotonic() - t0
             done.set()
             sampler.join()
+        # the next day's run as the schedule makes it: every earlier day has its file
+        first_read, ledger.read, t1 = ledger.read, 0, time.monotonic()
+        again = await export_day(cast(Any, ledger), blobs, day)
+        rerun = {"seconds": time.monotonic() - t1, "read": ledger.read, "files": [f.key for f in again.daily],
+                 "monthly": again.monthly.bytes}
         await blobs.close()
-        return {"files": {f.key: [f.rows, str(f.billed_cost), f.bytes] for f in files}, "base": base,
+        m = exported.monthly
+        return {"files": {f.key: [f.rows, str(f.billed_cost), f.bytes] for f in exported.daily},
+                "monthly": [m.key, m.bytes, len(m.days)], "read": first_read,
+                "rerun": rerun, "base": base,
                 "peak": max([base, *samples]), "samples": len(samples), "seconds": seconds}
 
     print(json.dumps(asyncio.run(run())))

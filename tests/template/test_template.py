@@ -534,8 +534,12 @@ def test_the_usage_export_runs_daily_on_a_schedule_with_no_idle_cost() -> None:
         "ScheduleExpression": "cron(15 0 * * ? *)", "ScheduleExpressionTimezone": "UTC",
         "RetryPolicy": {"MaximumRetryAttempts": 2}}}]
     s3 = [st for st in _statements("UsageExportFunction") if _as_list(st["Action"])[0].startswith("s3:")]
-    assert [(_as_list(st["Action"]), _text(st["Resource"])) for st in s3] == [
-        (["s3:PutObject", "s3:AbortMultipartUpload"], "${Bucket.Arn}/exports/*")]  # multipart (s3_upload.py)
+    assert [(_as_list(st["Action"]), _text(st["Resource"]), st.get("Condition")) for st in s3] == [
+        # multipart, and the daily files copied into the monthly one (s3_upload.py, focus_export.py)
+        (["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"], "${Bucket.Arn}/exports/*", None),
+        # which days have their file: only that prefix is listed
+        (["s3:ListBucket"], "${Bucket.Arn}",
+         {"StringLike": {"s3:prefix": "exports/focus/daily/*"}})]
     # streamed: one vCPU for a CPU-bound run, and Lambda's longest (tests/cloud/test_usage_export_stream.py)
     assert (_function("UsageExportFunction")["MemorySize"], _function("UsageExportFunction")["Timeout"]) == (1769, 900)
 

@@ -105,7 +105,22 @@ class S3BlobStore:
 
     def upload(self, key: str, content_type: str = "application/octet-stream") -> S3Upload:
         """A blob written in parts (a multipart upload past one part; s3_upload.py)."""
-        return S3Upload(self.s3, self.bucket, self._full(key), content_type, self.part_size)
+        return S3Upload(self.s3, self.bucket, self._full(key), content_type, self.part_size, source_key=self._full)
+
+    async def sizes(self, prefix: str) -> dict[str, int]:
+        """ListObjectsV2 under the store's prefix + `prefix` (s3:ListBucket), every page."""
+        client = await self._ready()
+        base = f"{self.prefix}/" if self.prefix else ""
+        out: dict[str, int] = {}
+        token: str | None = None
+        while True:
+            page = await (client.list_objects_v2(Bucket=self.bucket, Prefix=base + prefix, ContinuationToken=token)
+                          if token else client.list_objects_v2(Bucket=self.bucket, Prefix=base + prefix))
+            for obj in page.get("Contents", []):
+                out[obj["Key"][len(base):]] = obj["Size"]
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return out
 
     def _full(self, key: str) -> str:
         _check_key(key)
