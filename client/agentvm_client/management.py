@@ -48,8 +48,10 @@ def _failure(res: httpx.Response) -> ManagementError:
     except ValueError:
         body = None
     err = body.get("error", {}) if isinstance(body, dict) else {}
-    return ManagementError(res.status_code, str(err.get("code", "error")), str(err.get("message", res.text)),
-                           err.get("field"))
+    if not isinstance(err, dict) or "message" not in err:  # not an AgentVM answer: its status, not its page
+        return ManagementError(res.status_code, "error", f"{res.request.url} answered HTTP {res.status_code} "
+                               f"{res.reason_phrase}".rstrip(), None)
+    return ManagementError(res.status_code, str(err.get("code", "error")), str(err["message"]), err.get("field"))
 
 
 class _Api:
@@ -59,14 +61,15 @@ class _Api:
     async def _call(self, method: str, path: str, *, json: Any = None, params: JSON | None = None) -> Any:
         res = await self._http.request(method, path, json=json,
                                        params={k: v for k, v in (params or {}).items() if v is not None})
+        if res.status_code >= 400:
+            raise _failure(res)
         if res.status_code == 204:
             return None
-        body = res.json()
-        if res.status_code >= 400:
-            err = body.get("error", {}) if isinstance(body, dict) else {}
-            raise ManagementError(res.status_code, str(err.get("code", "error")), str(err.get("message", res.text)),
-                                  err.get("field"))
-        return body
+        try:
+            return res.json()
+        except ValueError:  # another kind of server at that address
+            raise ManagementError(res.status_code, "bad_response", f"{res.request.url} answered HTTP "
+                                  f"{res.status_code} without JSON: is it an AgentVM server?", None) from None
 
 
 class Definitions(_Api):
