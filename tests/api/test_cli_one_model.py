@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import socket
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from agentvm.drivers.scripted import ScriptedDriver
 from avm.cli import main
 from tests.api.test_sessions_http import finished_turns
-from tests.support.servers import free_port, in_process
+from tests.support.servers import in_process
 
 # (argv, can the command read a database instead)
 EVERY_COMMAND: list[tuple[list[str], bool]] = [
@@ -64,9 +65,11 @@ def token_of(out: str) -> str:
 def test_without_a_server_or_data_dir_one_line_with_the_fix_and_no_file(
         argv: list[str], local: bool, home: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    port = free_port()  # nothing listens there
-    monkeypatch.setenv("AVM_URL", f"http://127.0.0.1:{port}")
-    code, out, err = avm(capsys, *argv)
+    with socket.socket() as held:  # bound and never listening: refused, and no other test can take the port
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        monkeypatch.setenv("AVM_URL", f"http://127.0.0.1:{port}")
+        code, out, err = avm(capsys, *argv)
     assert (code, out) == (2, "")
     [line] = err
     command = argv[0]
