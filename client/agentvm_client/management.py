@@ -1,4 +1,5 @@
-"""The management API from Python: definitions, images, sessions, resources and configuration over HTTP.
+"""The management API from Python: definitions, images, sessions, resources, configuration, API keys,
+usage and budgets over HTTP.
 
 ```python
 async with ManagementClient("http://127.0.0.1:8080", token=None) as avm:
@@ -47,8 +48,10 @@ def _failure(res: httpx.Response) -> ManagementError:
     except ValueError:
         body = None
     err = body.get("error", {}) if isinstance(body, dict) else {}
-    return ManagementError(res.status_code, str(err.get("code", "error")), str(err.get("message", res.text)),
-                           err.get("field"))
+    if not isinstance(err, dict) or "message" not in err:  # not an AgentVM answer: its status, not its page
+        return ManagementError(res.status_code, "error", f"{res.request.url} answered HTTP {res.status_code} "
+                               f"{res.reason_phrase}".rstrip(), None)
+    return ManagementError(res.status_code, str(err.get("code", "error")), str(err["message"]), err.get("field"))
 
 
 class _Api:
@@ -58,14 +61,15 @@ class _Api:
     async def _call(self, method: str, path: str, *, json: Any = None, params: JSON | None = None) -> Any:
         res = await self._http.request(method, path, json=json,
                                        params={k: v for k, v in (params or {}).items() if v is not None})
+        if res.status_code >= 400:
+            raise _failure(res)
         if res.status_code == 204:
             return None
-        body = res.json()
-        if res.status_code >= 400:
-            err = body.get("error", {}) if isinstance(body, dict) else {}
-            raise ManagementError(res.status_code, str(err.get("code", "error")), str(err.get("message", res.text)),
-                                  err.get("field"))
-        return body
+        try:
+            return res.json()
+        except ValueError:  # another kind of server at that address
+            raise ManagementError(res.status_code, "bad_response", f"{res.request.url} answered HTTP "
+                                  f"{res.status_code} without JSON: is it an AgentVM server?", None) from None
 
 
 class Definitions(_Api):
@@ -301,6 +305,12 @@ class Sessions(_Api):
         `nextCursor` (None once the search is over)."""
         return dict(await self._call("GET", "/v1/sessions/search", params={"q": q, "limit": limit, "cursor": cursor}))
 
+    async def page(self, *, image_id: str | None = None, limit: int = 50, cursor: str | None = None) -> JSON:
+        """The caller's sessions, newest first (one image's with `image_id`): `items` and
+        `nextCursor` (None once the list is over)."""
+        return dict(await self._call("GET", "/v1/sessions", params={"imageId": image_id, "limit": limit,
+                                                                     "cursor": cursor}))
+
     async def list(self, image_id: str) -> list[Session]:  # last: it shadows `list` in the class body
         items = (await self._call("GET", f"/v1/images/{image_id}/sessions"))["items"]
         return [Session(dict(i), self) for i in items]
@@ -315,6 +325,50 @@ class Config(_Api):
 
     async def unset(self, key: str) -> JSON:
         return dict(await self._call("DELETE", f"/v1/config/{key}"))
+
+
+class Keys(_Api):
+    """The API keys of the caller's tenant (creating and revoking needs an admin key)."""
+
+    async def create(self, *, scopes: list[str] | None = None, name: str | None = None,
+                     expires_days: int | None = None) -> JSON:
+        body = {k: v for k, v in {"scopes": scopes, "name": name, "expiresDays": expires_days}.items()
+                if v is not None}
+        return dict(await self._call("POST", "/v1/auth/keys", json=body))
+
+    async def revoke(self, key_id: str) -> None:
+        await self._call("DELETE", f"/v1/auth/keys/{key_id}")
+
+    async def list(self) -> list[JSON]:  # last: it shadows `list` in the class body
+        return list((await self._call("GET", "/v1/auth/keys"))["items"])
+
+
+class Billing(_Api):
+    """The caller's tenant's usage and budgets (setting and deleting budgets needs an admin key)."""
+
+    async def usage(self, *, period: str | None = None, since: int | None = None, until: int | None = None,
+                    group_by: str = "day") -> JSON:
+        return dict(await self._call("GET", "/v1/usage", params={"period": period, "since": since, "until": until,
+                                                                 "groupBy": group_by}))
+
+    async def export(self, period: str, fmt: str = "focus") -> str:
+        """The period's usage as FOCUS 1.0 CSV (`focus`) or JSON lines (`jsonl`)."""
+        res = await self._http.get("/v1/usage/export", params={"period": period, "format": fmt})
+        if res.status_code >= 400:
+            raise _failure(res)
+        return res.text
+
+    async def budgets(self) -> JSON:
+        return dict(await self._call("GET", "/v1/budgets"))
+
+    async def set_budget(self, *, key_id: str | None = None, monthly: str | None = None,
+                         requests_per_minute: int | None = None) -> JSON:
+        body = {k: v for k, v in {"keyId": key_id, "monthlyBudget": monthly,
+                                  "requestsPerMinute": requests_per_minute}.items() if v is not None}
+        return dict(await self._call("PUT", "/v1/budgets", json=body))
+
+    async def delete_budget(self, key_id: str | None = None) -> None:
+        await self._call("DELETE", "/v1/budgets", params={"keyId": key_id})
 
 
 def http_base(url: str) -> str:
@@ -349,6 +403,8 @@ class ManagementClient:
         self.sessions = Sessions(self._http, ws_url=ws_url or ws_url_for(url), token=token)
         self.resources = Resources(self._http)
         self.config = Config(self._http)
+        self.keys = Keys(self._http)
+        self.billing = Billing(self._http)
 
     async def close(self) -> None:
         if self._own:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-import httpx
-
-from agentvm_client.management import ManagementClient, ManagementError, http_base
+from agentvm_client.management import ManagementClient
 from avm.server_args import add_action, add_server_options
+from avm.server_call import over_server
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,23 +38,17 @@ def _line(key: str, entry: dict[str, Any]) -> str:
 
 
 async def run_config(args: argparse.Namespace) -> int:
-    async with ManagementClient(args.url, token=args.token, timeout=10) as avm:
-        try:
-            if args.config_command == "get":
-                body = await avm.config.get(args.key)
-            elif args.config_command == "set":
-                body = await avm.config.set(args.key, _value(args.value))
-            else:
-                body = await avm.config.unset(args.key)
-        except ManagementError as exc:
-            print(f"avm config: {exc.message}", file=sys.stderr)
-            return 1
-        except httpx.HTTPError as exc:
-            print(f"avm config: cannot reach {http_base(args.url)}: {exc}", file=sys.stderr)
-            return 1
-    if "values" in body:
-        for key, entry in body["values"].items():
-            print(_line(key, entry))
-    else:
-        print(_line(body["key"], body))
-    return 0
+    async def work(avm: ManagementClient) -> int:
+        if args.config_command == "get":
+            body = await avm.config.get(args.key)
+        elif args.config_command == "set":
+            body = await avm.config.set(args.key, _value(args.value))
+        else:
+            body = await avm.config.unset(args.key)
+        if "values" in body:
+            for key, entry in body["values"].items():
+                print(_line(key, entry))
+        else:
+            print(_line(body["key"], body))
+        return 0
+    return await over_server(args, "config", work, timeout=10)

@@ -1,6 +1,7 @@
-"""The store of a deployment for the operator's commands (`avm keys`, `avm usage`, `avm budgets`):
-the local database of `avm serve` (`--data-dir`, default $AVM_DATA_DIR or ~/.agentvm) or, with
-`--table` (or $AVM_TABLE_NAME), the cloud tier's DynamoDB table."""
+"""Where the operator's commands (`avm keys`, `avm usage`, `avm budgets`) act: a running server over
+its HTTP API (`--url`/`--token`, default $AVM_URL/$AVM_TOKEN: the tenant of the key), the local
+database of `avm serve` (only with `--data-dir` given: never a default, and a command that only reads
+never creates one), or, with `--table` (or $AVM_TABLE_NAME), the cloud tier's DynamoDB table."""
 
 from __future__ import annotations
 
@@ -12,15 +13,57 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentvm.errors import InvalidRequest
+from avm.server_args import add_server_options
 
 if TYPE_CHECKING:
     from agentvm.ports import KeyStore, UsageLedger
 
+DB_NAME = "agentvm.db"
+
 
 def add_target_args(action: argparse.ArgumentParser) -> None:
+    add_server_options(action)
     action.add_argument("--table", help="a cloud deployment's DynamoDB table (default: $AVM_TABLE_NAME; stack "
-                                        "output TableName); without it, the local database")
-    action.add_argument("--data-dir", type=Path, help="avm serve's data directory (default: $AVM_DATA_DIR)")
+                                        "output TableName), written directly")
+    action.add_argument("--data-dir", type=Path,
+                        help="avm serve's data directory: read its database directly (without it: the server "
+                             "of --url)")
+
+
+def target(args: argparse.Namespace) -> str:
+    """"cloud" (a table), "local" (an explicit --data-dir) or "server" (everything else)."""
+    from agentvm.config import Settings
+
+    if args.table or Settings().table_name:
+        return "cloud"
+    return "local" if args.data_dir is not None else "server"
+
+
+def require_tenant(args: argparse.Namespace, command: str) -> str:
+    if not args.tenant:
+        raise InvalidRequest(f"{command}: --tenant: required with --data-dir or --table (which tenant)",
+                             field="tenant")
+    return str(args.tenant)
+
+
+def refuse_tenant(args: argparse.Namespace, command: str) -> None:
+    """A server answers for its caller's tenant only: a `--tenant` there would be silently ignored."""
+    if getattr(args, "tenant", None):
+        raise InvalidRequest(f"{command}: --tenant: a server answers for the tenant of your key (--token); "
+                             "another tenant's: --data-dir DIR (avm serve's database) or --table TABLE",
+                             field="tenant")
+
+
+def local_database(data_dir: Path, *, create: bool) -> Path:
+    """`data_dir`'s database; InvalidRequest when there is none and `create` is false."""
+    if not (data_dir / DB_NAME).is_file():
+        if not create:
+            raise InvalidRequest(f"--data-dir {data_dir}: no database there ({DB_NAME}); give the directory "
+                                 "avm serve was started with (its --data-dir, default ~/.agentvm)", field="data_dir")
+        if data_dir.exists() and not data_dir.is_dir():
+            raise InvalidRequest(f"--data-dir {data_dir}: not a directory", field="data_dir")
+        data_dir.mkdir(parents=True, exist_ok=True)
+    return data_dir / DB_NAME
 
 
 @dataclass(slots=True)
@@ -31,7 +74,9 @@ class Deployment:
 
 
 @contextlib.asynccontextmanager
-async def open_deployment(args: argparse.Namespace) -> AsyncIterator[Deployment]:
+async def open_deployment(args: argparse.Namespace, *, create: bool = False) -> AsyncIterator[Deployment]:
+    """The store of `--table` or of the explicit `--data-dir`; `create`: a command that writes may
+    create the database (a first key before the first `avm serve`), one that only reads may not."""
     from agentvm.config import Settings
 
     settings = Settings()
@@ -55,9 +100,9 @@ async def open_deployment(args: argparse.Namespace) -> AsyncIterator[Deployment]
     from agentvm.adapters.local.sqlite_store import SqliteStore
     from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 
-    data_dir = args.data_dir or settings.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
-    local = SqliteStore(data_dir / "agentvm.db")
+    if args.data_dir is None:  # callers choose the server first; never a default directory
+        raise InvalidRequest("--data-dir: required to read a local database", field="data_dir")
+    local = SqliteStore(local_database(args.data_dir, create=create))
     await local.open()
     try:
         yield Deployment("local", SqliteKeys(local), SqliteUsageLedger(local))

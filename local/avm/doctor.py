@@ -137,9 +137,10 @@ def _error_text(res: httpx.Response) -> str:
 
 def _key_fix(token: str | None) -> str:
     if token is None:
-        return "this server requires an API key: pass --token or set $AVM_TOKEN (avm keys create --tenant T)"
-    return ("--token must be an active API key of this deployment (avm keys create --tenant T, with --table "
-            "<TableName> for a stack)")
+        return ("this server requires an API key: pass --token or set $AVM_TOKEN (avm keys create --tenant T "
+                "--data-dir DIR)")
+    return ("--token must be an active API key of this deployment (avm keys create --tenant T, with --data-dir "
+            "DIR, or --table <TableName> for a stack)")
 
 
 def _money(value: object) -> Decimal:
@@ -365,7 +366,7 @@ class Doctor:
 
 def _turn_fix(code: object) -> str:
     if code in ("quota_exceeded", "rate_limited"):
-        return "the tenant's budget or rate limit refused it: avm budgets list --tenant T"
+        return "the tenant's budget or rate limit refused it: avm budgets list (with the key)"
     if code in ("authentication_error", "permission_error", "not_configured", "secrets_missing"):
         return "the LLM key: see docs/deploy.md, 'Store the LLM key'"
     if code in ("overloaded_error", "rate_limit_error"):

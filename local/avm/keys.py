@@ -1,7 +1,8 @@
-"""`avm keys create|list|revoke`: API keys of a deployment, written straight to its key store: the
-local database of `avm serve` (`--data-dir`, default $AVM_DATA_DIR or ~/.agentvm) or, with
-`--table` (or $AVM_TABLE_NAME), the cloud tier's DynamoDB table. This is how an operator makes a
-tenant's first key; with an admin key, a tenant manages its own keys over `/v1/auth/keys`.
+"""`avm keys create|list|revoke`: API keys. Against a running server (`--url`, `--token`; default
+$AVM_URL/$AVM_TOKEN) they are the key's tenant's, over `/v1/auth/keys` (an admin key creates and
+revokes). With `--data-dir` (avm serve's database) or `--table` (or $AVM_TABLE_NAME: the cloud
+tier's DynamoDB table) they are written straight to the key store, for any `--tenant`: this is how
+an operator makes a tenant's first key, and the only way to make an `operator` key.
 
 Keys are stored only as salted hashes; the token is printed once.
 """
@@ -11,58 +12,95 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from agentvm.errors import InvalidRequest
-from avm.deployment import add_target_args, open_deployment
+from agentvm_client.management import ManagementClient
+from avm.deployment import add_target_args, open_deployment, refuse_tenant, require_tenant, target
+from avm.server_call import over_server
 
 DAY_MS = 86_400_000
+TENANT_HELP = "the tenant (with --data-dir or --table; a server: your key's tenant)"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("keys", help="API keys of avm serve or of a cloud deployment")
+    p = sub.add_parser("keys", help="API keys: of your tenant on a server, or of any tenant in a store",
+                       description=__doc__.split("\n\n")[0])
     actions = p.add_subparsers(dest="keys_command", required=True)
     c = actions.add_parser("create", help="issue a key; the token is shown once")
-    c.add_argument("--tenant", required=True, help="tenant the key belongs to")
+    c.add_argument("--tenant", help=TENANT_HELP)
     c.add_argument("--scope", action="append", choices=["user", "admin", "operator"],
-                   help="repeatable; default: user. operator: the deployment's configuration and /metrics")
+                   help="repeatable; default: user. operator: the deployment's configuration and /metrics "
+                        "(with --data-dir or --table only)")
     c.add_argument("--name", help="a label to recognise the key by")
     c.add_argument("--expires-days", type=int, help="expire after this many days (default: never)")
     ls = actions.add_parser("list", help="a tenant's keys (no secrets)")
-    ls.add_argument("--tenant", required=True)
+    ls.add_argument("--tenant", help=TENANT_HELP)
     r = actions.add_parser("revoke", help="revoke a key of a tenant")
-    r.add_argument("--tenant", required=True)
+    r.add_argument("--tenant", help=TENANT_HELP)
     r.add_argument("key_id", metavar="KEY_ID")
     for action in (c, ls, r):
         add_target_args(action)
 
 
+def _created(w: dict[str, Any], token: str, where: str) -> None:
+    print(f"key id: {w['keyId']}  tenant: {w['tenantId']}  scopes: {','.join(w['scopes'])}")
+    print(f"token (shown once, keep it secret): {token}")
+    if where == "cloud":
+        print(f"connect: wss://<WebSocketUrl>?token={token}  (or the header `Authorization: Bearer <token>`)")
+    else:
+        print("use: `Authorization: Bearer <token>` on HTTP, the same header or ?token= on the WebSocket")
+
+
+def _listed(w: dict[str, Any]) -> None:
+    print(f"{w['keyId']}  {w['status']:<8} {','.join(w['scopes']):<11} {w['name'] or '-'}")
+
+
 async def run_keys(args: argparse.Namespace) -> int:
+    command = f"keys {args.keys_command}"
+    if args.keys_command == "create" and args.expires_days is not None and args.expires_days <= 0:
+        raise InvalidRequest("keys create: --expires-days: must be a positive number of days", field="expires_days")
+    if target(args) == "server":
+        refuse_tenant(args, command)
+        return await over_server(args, "keys", _over_http(args), local=True)
+    return await _in_store(args, require_tenant(args, command))
+
+
+def _over_http(args: argparse.Namespace) -> Any:
+    async def work(avm: ManagementClient) -> int:
+        if args.keys_command == "create":
+            body = await avm.keys.create(scopes=args.scope or ["user"], name=args.name,
+                                         expires_days=args.expires_days)
+            _created(body, body["token"], "server")
+        elif args.keys_command == "list":
+            for w in await avm.keys.list():
+                _listed(w)
+        else:
+            await avm.keys.revoke(args.key_id)
+            print(f"revoked {args.key_id}")
+        return 0
+    return work
+
+
+async def _in_store(args: argparse.Namespace, tenant: str) -> int:
     from agentvm.auth.api_keys import new_key
     from agentvm.services.keys import key_wire
 
     now = int(time.time() * 1000)
-    if args.keys_command == "create" and args.expires_days is not None and args.expires_days <= 0:
-        raise InvalidRequest("keys create: --expires-days: must be a positive number of days", field="expires_days")
-    async with open_deployment(args) as deployment:
+    async with open_deployment(args, create=args.keys_command == "create") as deployment:
         keys, where = deployment.keys, deployment.where
         if args.keys_command == "create":
             expires = None if args.expires_days is None else now + args.expires_days * DAY_MS
-            key, token = new_key(args.tenant, tuple(args.scope or ["user"]), name=args.name, expires_at=expires)
+            key, token = new_key(tenant, tuple(args.scope or ["user"]), name=args.name, expires_at=expires)
             await keys.put_key(key)
-            print(f"key id: {key.key_id}  tenant: {key.tenant_id}  scopes: {','.join(key.scopes)}")
-            print(f"token (shown once, keep it secret): {token}")
-            if where == "cloud":
-                print(f"connect: wss://<WebSocketUrl>?token={token}  (or the header `Authorization: Bearer <token>`)")
-            else:
-                print("use: `Authorization: Bearer <token>` on HTTP, the same header or ?token= on the WebSocket")
+            _created(key_wire(key, now), token, where)
             return 0
         if args.keys_command == "list":
-            for key in await keys.list_keys(args.tenant):
-                w = key_wire(key, now)
-                print(f"{w['keyId']}  {w['status']:<8} {','.join(w['scopes']):<11} {w['name'] or '-'}")
+            for key in await keys.list_keys(tenant):
+                _listed(key_wire(key, now))
             return 0
-        if not await keys.revoke_key(args.tenant, args.key_id, now):
-            print(f"avm keys: API key not found: {args.key_id} (tenant {args.tenant})", file=sys.stderr)
+        if not await keys.revoke_key(tenant, args.key_id, now):
+            print(f"avm keys: API key not found: {args.key_id} (tenant {tenant})", file=sys.stderr)
             return 1
         print(f"revoked {args.key_id}")
         return 0

@@ -1,6 +1,7 @@
-"""`avm sessions export SESSION_ID [--out FILE]` and `avm sessions import FILE --container C`: portable
-session archives (docs/sessions.md) from and into a running server, over its HTTP API. Big archives
-show a progress bar on stderr when it is a terminal."""
+"""`avm sessions list|show|search` (avm/sessions_read.py), `avm sessions export SESSION_ID [--out FILE]`
+and `avm sessions import FILE --container C`: the caller's sessions and portable session archives
+(docs/sessions.md) on a running server, over its HTTP API. Big archives show a progress bar on
+stderr when it is a terminal."""
 
 from __future__ import annotations
 
@@ -13,18 +14,19 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-import httpx
-
-from agentvm_client.management import ManagementClient, ManagementError, http_base
+from agentvm_client.management import ManagementClient
+from avm import sessions_read
 from avm.server_args import add_action, add_server_options
+from avm.server_call import over_server
 
 BAR_MIN_BYTES = 1024 * 1024  # smaller archives move too fast for a bar to say anything
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("sessions", help="export a session as a portable archive, or import one")
+    p = sub.add_parser("sessions", help="your sessions on a server: list, show, search, export, import")
     add_server_options(p)
     actions = p.add_subparsers(dest="sessions_command", required=True)
+    sessions_read.register(actions)
     e = add_action(actions, "export", help="write a session (image snapshot, messages, turns, usage) as JSON")
     e.add_argument("session_id", metavar="SESSION_ID")
     e.add_argument("--out", "-o", type=Path, help="the file to write (default: standard output)")
@@ -73,11 +75,6 @@ class ProgressBar:
             self.shown = False
 
 
-def _fail(message: str) -> int:
-    print(f"avm sessions: {message}", file=sys.stderr)
-    return 1
-
-
 def _write(path: Path, data: bytes, *, private: bool = False) -> None:
     """Whole or not at all: a temporary file next to it, renamed over it; `private`: mode 0600."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -95,8 +92,17 @@ def _read(name: str) -> bytes:
 
 
 async def run_sessions(args: argparse.Namespace) -> int:
+    if args.sessions_command in ("list", "show", "search"):
+        return await over_server(args, "sessions", lambda avm: sessions_read.run(avm, args))
+    archive = b""
+    if args.sessions_command == "import":  # a missing file: one line, before any request
+        try:
+            archive = await asyncio.to_thread(_read, args.file)
+        except OSError as exc:
+            return _fail(exc)
     bar = ProgressBar("exporting" if args.sessions_command == "export" else "importing")
-    async with ManagementClient(args.url, token=args.token, timeout=300) as avm:
+
+    async def work(avm: ManagementClient) -> int:
         try:
             if args.sessions_command == "export":
                 data = await avm.sessions.export_bytes(args.session_id, include_secrets=args.include_secrets,
@@ -106,24 +112,25 @@ async def run_sessions(args: argparse.Namespace) -> int:
                     sys.stdout.buffer.write(data)
                     sys.stdout.flush()
                     return 0
-                await asyncio.to_thread(functools.partial(_write, private=args.include_secrets), args.out, data)
+                try:
+                    await asyncio.to_thread(functools.partial(_write, private=args.include_secrets), args.out, data)
+                except OSError as exc:
+                    return _fail(exc)
                 print(f"wrote session {args.session_id} to {args.out} ({len(data)} bytes)")
                 return 0
-            archive = await asyncio.to_thread(_read, args.file)
             done = await avm.sessions.import_(archive, args.container, progress=bar)
+        finally:
             bar.close()
-        except ManagementError as exc:
-            bar.close()
-            return _fail(exc.message)
-        except httpx.HTTPError as exc:
-            bar.close()
-            return _fail(f"cannot reach {http_base(args.url)}: {exc}")
-        except OSError as exc:
-            bar.close()
-            return _fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
-    print(f"imported session {done['sessionId']} (image {done['imageId']}, container {done['containerId']}): "
-          f"{_count(done['messages'], 'message')}, {_count(done['turns'], 'turn')}")
-    return 0
+        print(f"imported session {done['sessionId']} (image {done['imageId']}, container {done['containerId']}): "
+              f"{_count(done['messages'], 'message')}, {_count(done['turns'], 'turn')}")
+        return 0
+    return await over_server(args, "sessions", work, timeout=300)
+
+
+def _fail(exc: OSError) -> int:
+    print(f"avm sessions: {exc.filename}: {exc.strerror}" if exc.filename else f"avm sessions: {exc}",
+          file=sys.stderr)
+    return 1
 
 
 def _count(n: int, noun: str) -> str:

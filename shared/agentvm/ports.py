@@ -69,6 +69,12 @@ class ImageRepository(Protocol):
         """Every session of an image, the primary one included, oldest first."""
         ...
 
+    async def list_tenant_sessions(self, tenant_id: str, *, image_id: str | None = None, limit: int = 50,
+                                   cursor: str | None = None) -> tuple[list[Session], str | None]:
+        """The tenant's sessions (of one image when `image_id` is given), newest first (by creation);
+        a page of at most `limit` and the cursor of the next one (InvalidRequest for a bad cursor)."""
+        ...
+
     async def delete_session(self, tenant_id: str, session_id: str) -> bool:
         """Delete a session with its messages, event log and turns; False when it does not exist.
         (The primary session goes only with its image: services refuse to delete it alone.)"""

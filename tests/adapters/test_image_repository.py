@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentvm.domain.models import Agent, Checkpoint, LoggedEvent, Session, StoredMessage, Turn, TurnStatus
-from agentvm.errors import Conflict
+from agentvm.errors import Conflict, InvalidRequest
 from agentvm.ports import Store
 from tests.adapters.store_records import image
 
@@ -84,3 +84,36 @@ async def test_an_image_has_several_sessions_each_with_its_own_history(store: St
         assert await store.get_session("t1", sid) is None and await store.list_messages("t1", sid) == []
     assert await store.list_sessions("t1", "i1") == []
     assert [x.session_id for x in await store.list_sessions("t1", "i2")] == ["sess_i2"]
+
+
+async def test_the_tenants_sessions_are_listed_newest_first_in_pages(store: Store) -> None:
+    await store.create_image(*image("t1", "i1", created=10))
+    await store.create_image(*image("t1", "i2", created=20))
+    await store.create_image(*image("t2", "i9", created=30))  # another tenant's: never listed
+    for sid, iid, created in [("sess_a", "i1", 15), ("sess_b", "i2", 25), ("sess_c", "i1", 25), ("sess_d#x", "i1", 40)]:
+        assert await store.create_session(Session("t1", sid, iid, "c1", created, created)) is True
+    every: list[str] = []
+    cursor: str | None = None
+    for _ in range(4):
+        page, cursor = await store.list_tenant_sessions("t1", limit=2, cursor=cursor)
+        every += [s.session_id for s in page]
+        if cursor is None:
+            break
+    # created_at descending, the session id descending among equals
+    assert every == ["sess_d#x", "sess_c", "sess_b", "sess_i2", "sess_a", "sess_i1"]
+    first, more = await store.list_tenant_sessions("t1", limit=6)
+    assert [s.session_id for s in first] == every and more is None
+    assert first[0] == Session("t1", "sess_d#x", "i1", "c1", 40, 40)
+    of_i1, c1 = await store.list_tenant_sessions("t1", image_id="i1", limit=2)
+    assert [s.session_id for s in of_i1] == ["sess_d#x", "sess_c"] and c1 is not None
+    rest, c2 = await store.list_tenant_sessions("t1", image_id="i1", limit=2, cursor=c1)
+    assert [s.session_id for s in rest] == ["sess_a", "sess_i1"] and c2 is None
+    assert await store.list_tenant_sessions("t2", image_id="i1") == ([], None)
+    assert [s.session_id for s in (await store.list_tenant_sessions("t2"))[0]] == ["sess_i9"]
+    assert await store.list_tenant_sessions("t3") == ([], None)
+    with pytest.raises(InvalidRequest, match="cursor: not a cursor of this list"):
+        await store.list_tenant_sessions("t1", cursor="bogus!")
+    # a deleted session leaves the list at once
+    assert await store.delete_session("t1", "sess_c") is True
+    assert [s.session_id for s in (await store.list_tenant_sessions("t1", limit=3))[0]] == [
+        "sess_d#x", "sess_b", "sess_i2"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agentvm.drivers.scripted import ScriptedDriver
@@ -72,3 +73,21 @@ async def test_publish_registers_adds_versions_and_runs_again(tmp_path: Path) ->
         assert [v["version"] for v in got["versions"]] == ["1.1.0", "1.0.0"]
         names = sorted(i["name"] for i in (await avm.resources.discover(kind="prompt"))["items"])
         assert names == ["sales", "sales-old"]
+
+
+async def test_another_kind_of_server_is_one_error_not_a_parse_failure() -> None:
+    def other(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/config":
+            return httpx.Response(200, text="<html>welcome</html>")
+        return httpx.Response(404, text="<html>nothing here</html>")
+
+    http = httpx.AsyncClient(base_url="http://elsewhere", transport=httpx.MockTransport(other))
+    async with http, ManagementClient("http://elsewhere", http_client=http) as avm:
+        with pytest.raises(ManagementError) as ok_but_html:
+            await avm.config.get()
+        assert (ok_but_html.value.status, ok_but_html.value.code, ok_but_html.value.message) == (
+            200, "bad_response", "http://elsewhere/v1/config answered HTTP 200 without JSON: is it an AgentVM server?")
+        with pytest.raises(ManagementError) as missing:
+            await avm.sessions.page()
+        assert (missing.value.status, missing.value.message) == (
+            404, "http://elsewhere/v1/sessions?limit=50 answered HTTP 404 Not Found")

@@ -179,3 +179,32 @@ async def test_stopping_the_agent_ends_the_turns_of_every_session_of_the_image(t
         turns = (await http.get(f"/v1/sessions/{sid}/turns")).json()["items"]
         assert [(t["status"], (t["error"] or {}).get("code")) for t in turns] == [
             ("interrupted", None), ("interrupted", "agent_stopped")]
+
+
+async def test_get_sessions_lists_the_callers_sessions_newest_first_in_pages(tmp_path: Path) -> None:
+    async with in_process(tmp_path / "data") as srv, httpx.AsyncClient(base_url=srv.http, timeout=10) as http:
+        one = (await http.post("/v1/images", json={"containerId": "c-l"})).json()
+        await asyncio.sleep(0.003)  # distinct creation times: equal ones are ordered by the (random) id
+        two = (await http.post("/v1/images", json={"containerId": "c-l"})).json()
+        await asyncio.sleep(0.003)
+        extra = (await http.post(f"/v1/images/{one['imageId']}/sessions", json={"title": "later"})).json()
+        first = await http.get("/v1/sessions", params={"limit": 2})
+        assert first.status_code == 200, first.text
+        body = first.json()
+        assert [s["sessionId"] for s in body["items"]] == [extra["sessionId"], two["sessionId"]]
+        assert body["items"][0] == {"sessionId": extra["sessionId"], "imageId": one["imageId"], "containerId": "c-l",
+                                    "title": "later", "createdAt": extra["createdAt"],
+                                    "updatedAt": extra["updatedAt"]}
+        rest = (await http.get("/v1/sessions", params={"limit": 2, "cursor": body["nextCursor"]})).json()
+        assert [s["sessionId"] for s in rest["items"]] == [one["sessionId"]] and rest["nextCursor"] is None
+        of_one = (await http.get("/v1/sessions", params={"imageId": one["imageId"]})).json()
+        assert [s["sessionId"] for s in of_one["items"]] == [extra["sessionId"], one["sessionId"]]
+
+        missing = await http.get("/v1/sessions", params={"imageId": "img_nope"})
+        assert missing.status_code == 404
+        assert missing.json()["error"]["field"] == "imageId" and "img_nope" in missing.json()["error"]["message"]
+        bad = await http.get("/v1/sessions", params={"cursor": "bogus!"})
+        assert bad.status_code == 400 and bad.json()["error"] == {
+            "code": "invalid_request", "message": "cursor: not a cursor of this list", "field": "cursor"}
+        too_many = await http.get("/v1/sessions", params={"limit": 500})
+        assert too_many.status_code in (400, 422) and too_many.json()["error"]["field"] == "limit"

@@ -163,6 +163,7 @@ TABLE: dict[Route, list[Build | Late]] = {
     ("GET", "/v1/images/{image_id}/sessions"): [lambda t, me: get(f"/v1/images/{t.image}/sessions")],
     ("POST", "/v1/images/{image_id}/sessions"): [
         lambda t, me: Req("POST", f"/v1/images/{t.image}/sessions", json={"title": "B's"})],
+    ("GET", "/v1/sessions"): [lambda t, me: get("/v1/sessions"), lambda t, me: get("/v1/sessions", imageId=t.image)],
     ("GET", "/v1/sessions/search"): [lambda t, me: get("/v1/sessions/search", q=t.word)],
     ("POST", "/v1/sessions/import"): [
         Late(lambda t, me: Req("POST", "/v1/sessions/import", params={"containerId": t.container},

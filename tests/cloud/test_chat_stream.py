@@ -102,6 +102,9 @@ async def test_the_cloud_stream_runs_streams_and_resumes_a_chat_turn(stream: tup
         other = await http.get("/api/v1/chat/history", params={"session_id": session_id}, headers=auth(bob))
         assert (other.status_code, other.json()["error"]["message"]) == (404, f"Session not found: {session_id}")
         assert (await http.get("/v1/images", headers=auth(bob))).json()["items"] == []
+        listed = (await http.get("/v1/sessions", headers=auth(alice))).json()
+        assert [s["sessionId"] for s in listed["items"]] == [session_id] and listed["nextCursor"] is None
+        assert (await http.get("/v1/sessions", headers=auth(bob))).json() == {"items": [], "nextCursor": None}
         refused = await http.post("/api/v1/chat/completions", json={"session_id": session_id, "message": "x"},
                                   headers=auth(bob))
         assert refused.status_code == 404

@@ -115,14 +115,15 @@ def test_a_bad_key_fails_the_auth_step(tmp_path: Path) -> None:
     assert bad.stdout.splitlines() == [
         health,
         "FAIL  auth            the API key was refused: HTTP 401 unauthorized: API key not valid — fix: --token must "
-        "be an active API key of this deployment (avm keys create --tenant T, with --table <TableName> for a stack)",
+        "be an active API key of this deployment (avm keys create --tenant T, with --data-dir DIR, or --table "
+        "<TableName> for a stack)",
         *skipped]
     assert (missing.returncode, missing.stderr) == (1, "")
     assert missing.stdout.splitlines() == [
         health,
         "FAIL  auth            the API key was refused: HTTP 401 unauthorized: API key required: send the header "
         "`Authorization: Bearer <key>` — fix: this server requires an API key: pass --token or set $AVM_TOKEN "
-        "(avm keys create --tenant T)",
+        "(avm keys create --tenant T --data-dir DIR)",
         *skipped]
 
 

@@ -78,6 +78,18 @@ def sessions_router(services: Callable[[], UseCases],
         image = await s.images.require(p, image_id)
         return {"items": [session_wire(x, image) for x in await s.image_sessions.of_image(p, image_id)]}
 
+    @router.get("/sessions", summary="The caller's sessions, newest first, in pages",
+                description=("Every session of every image of the caller's tenant (of one image with "
+                             "`imageId`), newest first by creation. Pass `nextCursor` back as `cursor` for "
+                             "the next page; the list is over when it is null."))
+    async def listed(p: Caller,
+                     image_id: Annotated[str | None, Query(alias="imageId", min_length=1, max_length=200,
+                                                           description="only this image's sessions")] = None,
+                     limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                     cursor: Annotated[str | None, Query(max_length=200)] = None) -> JSON:
+        items, next_cursor = await services().image_sessions.page(p, image_id, limit=limit, cursor=cursor)
+        return {"items": [session_wire(x) for x in items], "nextCursor": next_cursor}
+
     @router.get("/sessions/{session_id}", summary="One session, with the image (and pins) it runs with")
     async def get(session_id: str, p: Caller) -> JSON:
         session, image = await services().image_sessions.with_image(p, session_id)

@@ -55,6 +55,14 @@ class ImageSessions:
         image = await self.images.require(p, image_id)
         return await self.deps.store.list_sessions(p.tenant_id, image.image_id)
 
+    async def page(self, p: Principal, image_id: str | None, *, limit: int,
+                   cursor: str | None) -> tuple[list[Session], str | None]:
+        """The caller's sessions, newest first, of one image when `image_id` is given (an image of
+        another tenant answers as not found)."""
+        if image_id is not None:
+            image_id = (await self.images.require(p, image_id)).image_id
+        return await self.deps.store.list_tenant_sessions(p.tenant_id, image_id=image_id, limit=limit, cursor=cursor)
+
     async def view(self, p: Principal, image: Image, sid: str | None) -> Image:
         """`image` as its session `sid` runs it (None: the primary session). A session of another
         image answers as not found, like one that does not exist."""

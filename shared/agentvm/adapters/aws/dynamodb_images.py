@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from botocore.exceptions import ClientError
@@ -29,6 +29,7 @@ from agentvm.adapters.aws.dynamodb_items import (
     _ts,
 )
 from agentvm.adapters.aws.dynamodb_table import GSI_CONTAINER, GSI_TENANT, DynamoTable
+from agentvm.domain.cursors import next_session_cursor, session_cursor
 from agentvm.domain.models import Image, Session
 from agentvm.errors import Conflict
 
@@ -162,6 +163,32 @@ class DynamoImages(DynamoTable):
                                     ExpressionAttributeValues={":pk": _s(_image_pk(tenant_id, image_id)),
                                                                ":s": _s("SESS#")})
         return [_session(e) for e in entries]
+
+    async def list_tenant_sessions(self, tenant_id: str, *, image_id: str | None = None, limit: int = 50,
+                                   cursor: str | None = None) -> tuple[list[Session], str | None]:
+        """One image's: its partition's session entries (SK `SESS#<created>#<id>`); the tenant's:
+        GSI1 (`TENANT#<t>#SESS`, G1SK `<created>#<id>`). Both read backwards from the cursor."""
+        before = session_cursor(cursor)
+        if image_id is not None:
+            prefix, pk_name, key, pk = "SESS#", "PK", "SK", _image_pk(tenant_id, image_id)
+            params: dict[str, Any] = {"ConsistentRead": True}
+        else:
+            prefix, pk_name, key, pk = "", "G1PK", "G1SK", f"TENANT#{_k(tenant_id)}#SESS"
+            params = {"IndexName": GSI_TENANT}
+        high = f"{prefix}{_ts(before[0])}#{_k(before[1])}" if before is not None else f"{prefix}~"
+        params.update({
+            "TableName": self.table_name, "ScanIndexForward": False,
+            "KeyConditionExpression": f"{pk_name} = :pk AND {key} BETWEEN :low AND :high",
+            "ExpressionAttributeValues": {":pk": _s(pk), ":low": _s(prefix or "0"), ":high": _s(high)}})
+        items: list[Item] = []
+        while len(items) <= limit:
+            resp = await self.client.query(**params, Limit=limit + 1 - len(items))
+            items += [i for i in resp.get("Items", []) if i[key]["S"] != high]  # BETWEEN includes high
+            if "LastEvaluatedKey" not in resp:
+                break
+            params["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        sessions = [_session(i) for i in items]
+        return sessions[:limit], (next_session_cursor(sessions[limit - 1]) if len(sessions) > limit else None)
 
     async def delete_session(self, tenant_id: str, session_id: str) -> bool:
         item = await self._get(_session_pk(tenant_id, session_id), "SESS")

@@ -150,7 +150,13 @@ def _session_items(session: Session) -> tuple[Item, Item]:
     pk, sk = _session_entry_key(session)
     return ({"PK": _s(_session_pk(session.tenant_id, session.session_id)), "SK": _s("SESS"),
              **_evlog_keys(session.tenant_id, session.session_id), **attrs, "seq_reserved": _n(0)},
-            {"PK": _s(pk), "SK": _s(sk), **attrs})
+            {"PK": _s(pk), "SK": _s(sk), **_tenant_session_index(session), **attrs})
+
+
+def _tenant_session_index(session: Session) -> Item:
+    """GSI1 keys of a session's entry: the tenant's sessions newest first (`list_tenant_sessions`)."""
+    return {"G1PK": _s(f"TENANT#{_k(session.tenant_id)}#SESS"),
+            "G1SK": _s(f"{_ts(session.created_at)}#{_k(session.session_id)}")}
 
 
 def _session(item: Item) -> Session:

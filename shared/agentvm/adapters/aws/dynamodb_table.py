@@ -15,6 +15,7 @@ zero-padded to 20 digits, so string order is numeric order.
 |           |                  |                   | 3: AGENT#{t}#{aid}                                 |            |
 | Session   | SESS#{t}#{sid}   | SESS              | 4: EVLOG#{shard} / {t}#{sid}                       | –          |
 | (entry)   | IMG#{t}#{iid}    | SESS#{created}#{sid} | – (the image's sessions, for `list_sessions`)   | –          |
+|           |                  |                   | 1: TENANT#{t}#SESS / {created}#{sid} (`list_tenant_sessions`) | – |
 | Message   | SESS#{t}#{sid}   | MSG#~{created}#{mid} | –                                               | –          |
 | Events    | SESS#{t}#{sid}   | EVB#{last}        | –                                                  | expires_at |
 | (parts)   | SESS#{t}#{sid}   | EVB#{last}#{part} | – (only for one event above 300 KB compressed)     | expires_at |
@@ -117,7 +118,8 @@ create_container 1 W · get_container 1 R · list_containers 1 R/page · create_
 (TransactWriteItems, 3 items) · get_image 1 R · list_images 1 R/page · update_image 1 W ·
 delete_image 2 R + 1 R/page per session + ceil(n/25) W + 1 W (n counts the messages' search items
 too) · get_session 1 R · create_session 1 W
-(TransactWriteItems: a check of the image and 2 items) · list_sessions 1 R/page · delete_session 1 R
+(TransactWriteItems: a check of the image and 2 items) · list_sessions 1 R/page ·
+list_tenant_sessions 1 R/page · delete_session 1 R
 + 1 W + 1 R/page + ceil(n/25) W · put_agent 1 W ·
 get_agent 2 R · get_agent_for_image 1 R · get_image_and_agent 1 R (one Query, 1 unit for both) ·
 list_agents 1 R/page · delete_agent 1 R + 1 W ·

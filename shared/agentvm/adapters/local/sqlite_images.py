@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from agentvm.adapters.local.sqlite_database import SqliteDatabase
+from agentvm.domain.cursors import next_session_cursor, session_cursor
 from agentvm.domain.models import Image, Session
 from agentvm.errors import Conflict
 
@@ -95,6 +96,24 @@ class SqliteImages(SqliteDatabase):
                              "ORDER BY created_at, session_id", (tenant_id, image_id)).fetchall()
             return [Session(*r) for r in rows]
         return await self._run(job)
+
+    async def list_tenant_sessions(self, tenant_id: str, *, image_id: str | None = None, limit: int = 50,
+                                   cursor: str | None = None) -> tuple[list[Session], str | None]:
+        before = session_cursor(cursor)
+
+        def job(c: sqlite3.Connection) -> list[Session]:
+            sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE tenant_id=?"
+            args: list[Any] = [tenant_id]
+            if image_id is not None:
+                sql += " AND image_id=?"
+                args.append(image_id)
+            if before is not None:
+                sql += " AND (created_at<? OR (created_at=? AND session_id<?))"
+                args += [before[0], before[0], before[1]]
+            sql += " ORDER BY created_at DESC, session_id DESC LIMIT ?"
+            return [Session(*r) for r in c.execute(sql, [*args, limit + 1]).fetchall()]
+        sessions = await self._run(job)
+        return sessions[:limit], (next_session_cursor(sessions[limit - 1]) if len(sessions) > limit else None)
 
     async def delete_session(self, tenant_id: str, session_id: str) -> bool:
         def job(c: sqlite3.Connection) -> bool:
