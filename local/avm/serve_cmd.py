@@ -232,15 +232,15 @@ async def _serve(args: argparse.Namespace) -> int:
     if settings.script_path is not None and not settings.script_path.is_file():
         raise StartupRefused(f"{_named('script_path', flags, settings.script_path)} is not a readable file: pass "
                              "the path of a YAML or JSON script (docs/configuration.md, script_path)")
+    # stderr: readable lines on a terminal (or --log-format console), else JSON; the file: JSON lines,
+    # <data_dir>/logs/avm.log (10 MB, 5 old files kept; docs/observability.md)
+    setup_logging(settings.log_level, log_file=settings.data_dir / "logs" / "avm.log",
+                  console=console_logs(settings.log_format))
+    # a damaged database stops start-up here with one line (which file, what to do), before anything reads it
+    check_database(settings.database_path(), budget_s=settings.db_check_s)
+    _check_auth(settings)
     sock = bind(settings.host, settings.port, _named("host", flags, settings.host))
     try:
-        _check_auth(settings)
-        # stderr: readable lines on a terminal (or --log-format console), else JSON; the file: JSON lines,
-        # <data_dir>/logs/avm.log (10 MB, 5 old files kept; docs/observability.md)
-        setup_logging(settings.log_level, log_file=settings.data_dir / "logs" / "avm.log",
-                      console=console_logs(settings.log_format))
-        # a damaged database stops start-up here with one line (which file, what to do), before anything reads it
-        check_database(settings.database_path(), budget_s=settings.db_check_s)
         # a bad config file or environment variable: one line naming the key, before anything is built
         await check_startup(settings, ProcessEnv(), file=settings.config_file or settings.data_dir / "config.yaml")
         rt = build_runtime(settings)
