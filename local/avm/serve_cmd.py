@@ -160,6 +160,20 @@ def check_data_dir(path: Path, named: str) -> None:
                              "--data-dir")
 
 
+def check_script(path: Path, named: str) -> None:
+    """The scripted driver's script is a file that parses (checked even when an API key makes it unused)."""
+    from agentvm.drivers.scripted import ScriptedDriver
+
+    if not path.is_file():
+        raise StartupRefused(f"{named} is not a readable file: pass the path of a YAML or JSON script "
+                             "(docs/configuration.md, script_path)")
+    try:
+        ScriptedDriver.from_file(path)
+    except InvalidRequest as exc:
+        problem = exc.message.removeprefix(f"{path}: ").removeprefix(f"script file {path}: ")
+        raise StartupRefused(f"{named}: {' '.join(problem.split())}") from None
+
+
 def bind(host: str, port: int, named_host: str) -> socket.socket:
     """The listening socket, bound here so that a busy port is one line before anything starts (and no
     other process can take the port between this check and the server)."""
@@ -229,9 +243,8 @@ async def _serve(args: argparse.Namespace) -> int:
     flags = flag_values(args)
     settings = settings_from(flags)
     check_data_dir(settings.data_dir, _named("data_dir", flags, settings.data_dir))
-    if settings.script_path is not None and not settings.script_path.is_file():
-        raise StartupRefused(f"{_named('script_path', flags, settings.script_path)} is not a readable file: pass "
-                             "the path of a YAML or JSON script (docs/configuration.md, script_path)")
+    if settings.script_path is not None:
+        check_script(settings.script_path, _named("script_path", flags, settings.script_path))
     # stderr: readable lines on a terminal (or --log-format console), else JSON; the file: JSON lines,
     # <data_dir>/logs/avm.log (10 MB, 5 old files kept; docs/observability.md)
     setup_logging(settings.log_level, log_file=settings.data_dir / "logs" / "avm.log",

@@ -78,6 +78,16 @@ def test_a_bad_variable_of_a_serve_flag_is_named_as_the_variable(tmp_path: Path,
     assert_refused(avm_serve("--data-dir", str(tmp_path / "data"), env=env_without_avm(**env)), line)
 
 
+def test_a_script_that_does_not_parse_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "broken.yaml").write_text("rules: [\n  - a: b\n")
+    (tmp_path / "wrong.yaml").write_text("rules: 5\n")
+    out = avm_serve("--port", "0", "--data-dir", str(tmp_path / "data"), "--script", str(tmp_path / "broken.yaml"))
+    assert_refused(out, f"avm serve: --script {tmp_path}/broken.yaml: not valid YAML/JSON at line 2, column 3: "
+                        "expected the node content, but found '-'")
+    out = avm_serve("--port", "0", "--data-dir", str(tmp_path / "data"), "--script", str(tmp_path / "wrong.yaml"))
+    assert_refused(out, f"avm serve: --script {tmp_path}/wrong.yaml: rules: Input should be a valid list")
+
+
 def test_a_host_that_is_not_this_machines_is_one_line(tmp_path: Path) -> None:
     """With an API key, so that the public address is not refused for want of one first."""
     data = tmp_path / "data"
