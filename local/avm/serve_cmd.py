@@ -68,7 +68,8 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _accepts(name: str) -> str | None:
-    """What a flagged setting accepts, in plain words (None: not one of the serve flags' settings)."""
+    """What a flagged setting accepts, in plain words (None: a setting no flag of `avm serve` sets, or
+    one whose text is checked later: --host when binding, --data-dir and --script before start-up)."""
     from agentvm.config import LOG_LEVELS, Settings
 
     if name in ("port", "stream_flush_ms"):
@@ -78,10 +79,7 @@ def _accepts(name: str) -> str | None:
         return f"must be a whole number{unit} from {low} to {high}{extra}"
     return {"log_level": f"not a log level; use {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}",
             "log_format": "must be auto, console or json",
-            "unsafe_unsandboxed_tools": "must be true or false",
-            "host": "must be an address such as 127.0.0.1",
-            "data_dir": "must be a directory path",
-            "script_path": "must be a file path"}.get(name)
+            "unsafe_unsandboxed_tools": "must be true or false"}.get(name)
 
 
 def _bounds(settings: type[Settings], name: str) -> tuple[object, object]:
@@ -247,8 +245,13 @@ async def _serve(args: argparse.Namespace) -> int:
         check_script(settings.script_path, _named("script_path", flags, settings.script_path))
     # stderr: readable lines on a terminal (or --log-format console), else JSON; the file: JSON lines,
     # <data_dir>/logs/avm.log (10 MB, 5 old files kept; docs/observability.md)
-    setup_logging(settings.log_level, log_file=settings.data_dir / "logs" / "avm.log",
-                  console=console_logs(settings.log_format))
+    log_file = settings.data_dir / "logs" / "avm.log"
+    try:
+        setup_logging(settings.log_level, log_file=log_file, console=console_logs(settings.log_format))
+    except OSError as exc:  # <data_dir>/logs is a file, say
+        where = exc.filename or log_file
+        raise StartupRefused(f"the log file {log_file} cannot be opened ({where}: {exc.strerror}): move that away "
+                             "or pass another --data-dir") from None
     # a damaged database stops start-up here with one line (which file, what to do), before anything reads it
     check_database(settings.database_path(), budget_s=settings.db_check_s)
     _check_auth(settings)

@@ -131,6 +131,15 @@ def test_a_data_dir_that_cannot_be_created(tmp_path: Path) -> None:
                              "pass a directory you can create or one that exists")
 
 
+def test_a_data_dir_whose_logs_folder_is_a_file(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "logs").write_text("x")
+    out = avm_serve("--port", "0", "--data-dir", str(data))
+    assert_refused(out, f"avm serve: the log file {data}/logs/avm.log cannot be opened ({data}/logs: File exists): "
+                        "move that away or pass another --data-dir")
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes in any directory of a writable filesystem")
 def test_a_data_dir_that_is_not_writable(tmp_path: Path) -> None:
     locked = tmp_path / "locked"
