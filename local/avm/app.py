@@ -244,18 +244,20 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def llm_text(rt: Runtime) -> str:
+    if rt.driver.name == "scripted":
+        return "scripted (offline; set LLM_API_KEY to use Anthropic)"
+    return f"{rt.driver.name} ({rt.settings.llm_model})"
+
+
 def banner_lines(rt: Runtime, port: int) -> list[str]:
     """What a person reads when the server is up: where to reach it and what it runs."""
     s = rt.settings
     base = f"{url_host(s.host)}:{port}"
-    if rt.driver.name == "scripted":
-        llm = "scripted (offline; set LLM_API_KEY to use Anthropic)"
-    else:
-        llm = f"{rt.driver.name} (model {s.llm_model})"
     rows = [("HTTP", f"http://{base}"), ("WebSocket", f"ws://{base}/ws"), ("API docs", f"http://{base}/docs")]
     if rt.console_path is not None:
         rows.append(("Console", f"http://{base}{rt.console_path}"))
-    rows += [("LLM", llm), ("Data", str(s.data_dir)), ("Log file", str(s.data_dir / "logs" / "avm.log"))]
+    rows += [("LLM", llm_text(rt)), ("Data", str(s.data_dir)), ("Log file", str(s.data_dir / "logs" / "avm.log"))]
     if rt.tool_sandbox is not None:
         rows.append(("Sandbox", rt.tool_sandbox.mode))
     return [f"AgentVM {__version__} is running", *(f"  {name:<10} {value}" for name, value in rows),
@@ -267,13 +269,9 @@ def banner(rt: Runtime, port: int) -> None:
     as keys in the JSON log."""
     s = rt.settings
     base = f"{url_host(s.host)}:{port}"
-    if rt.driver.name == "scripted":
-        llm = "scripted (offline; set LLM_API_KEY to use Anthropic)"
-    else:
-        llm = f"{rt.driver.name} ({s.llm_model})"
     sandbox = rt.tool_sandbox
     tools = f" — tool sandbox: {sandbox.mode}" if sandbox is not None else ""
-    log.info(f"AgentVM {__version__} listening on ws://{base}/ws — LLM: {llm}{tools}",
+    log.info(f"AgentVM {__version__} listening on ws://{base}/ws — LLM: {llm_text(rt)}{tools}",
              extra={"event": "startup", "version": __version__, "host": s.host, "port": port,
                     "http_url": f"http://{base}", "ws_url": f"ws://{base}/ws", "docs_url": f"http://{base}/docs",
                     "console_url": f"http://{base}{rt.console_path}" if rt.console_path is not None else None,

@@ -134,7 +134,7 @@ def _source(name: str, flags: dict[str, Any]) -> str:
 
 
 def _named(name: str, flags: dict[str, Any], value: object) -> str:
-    """`--data-dir /x`, `AVM_DATA_DIR=/x`, or `the data directory /x (the default)`."""
+    """`--data-dir /x`, `AVM_DATA_DIR=/x`, or `/x (the default --data-dir)`."""
     if name in flags:
         return f"{FLAGS[name]} {value}"
     variable = _source(name, flags)

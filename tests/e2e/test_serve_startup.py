@@ -266,3 +266,24 @@ def test_a_refusal_after_the_port_is_bound_releases_it(tmp_path: Path) -> None:
     with serve(data, port=port) as srv:
         assert srv.port == port
     assert f'"port":{port}' in srv.log()  # its banner
+
+
+def test_the_banner_names_the_model_the_console_and_brackets_ipv6(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from agentvm.config import Settings
+    from avm.app import Runtime, banner_lines
+
+    rt = SimpleNamespace(settings=Settings(host="::1", data_dir=tmp_path, llm_model="claude-test-1"),
+                         driver=SimpleNamespace(name="anthropic"), console_path="/console", tool_sandbox=None)
+    assert banner_lines(cast(Runtime, rt), 9000) == [
+        f"AgentVM {__version__} is running",
+        "  HTTP       http://[::1]:9000",
+        "  WebSocket  ws://[::1]:9000/ws",
+        "  API docs   http://[::1]:9000/docs",
+        "  Console    http://[::1]:9000/console",
+        "  LLM        anthropic (claude-test-1)",
+        f"  Data       {tmp_path}",
+        f"  Log file   {tmp_path}/logs/avm.log",
+        BANNER_END]
