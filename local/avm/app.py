@@ -42,6 +42,7 @@ from agentvm.hosting.local_host import SessionRegistry
 from agentvm.hosting.recovery import recover_unfinished_turns
 from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import now_ms
+from agentvm.logs import CONSOLE_TEXT
 from agentvm.ports import Driver
 from agentvm.sandbox.quota import DiskPolicy, free_space
 from agentvm.sandbox.uids import ToolUids
@@ -109,6 +110,7 @@ class Runtime:
     mcp: McpPool
     config: ConfigService
     tool_sandbox: ToolSandbox | None = None  # what tools get on this host (None: not assessed)
+    console_path: str | None = None  # the web console's path when one is served (the banner shows its URL)
 
 
 def build_runtime(settings: Settings, *, driver: Driver | None = None,
@@ -237,17 +239,46 @@ def uvicorn_config(rt: Runtime) -> uvicorn.Config:
                           timeout_graceful_shutdown=15, loop="none")
 
 
-def banner(rt: Runtime, port: int) -> None:
-    s = rt.settings
+def url_host(host: str) -> str:
+    """`host` as it goes in a URL (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def llm_text(rt: Runtime) -> str:
     if rt.driver.name == "scripted":
-        llm = "scripted (offline; set LLM_API_KEY to use Anthropic)"
-    else:
-        llm = f"{rt.driver.name} ({s.llm_model})"
+        return "scripted (offline; set LLM_API_KEY to use Anthropic)"
+    return f"{rt.driver.name} ({rt.settings.llm_model})"
+
+
+def banner_lines(rt: Runtime, port: int) -> list[str]:
+    """What a person reads when the server is up: where to reach it and what it runs."""
+    s = rt.settings
+    base = f"{url_host(s.host)}:{port}"
+    rows = [("HTTP", f"http://{base}"), ("WebSocket", f"ws://{base}/ws"), ("API docs", f"http://{base}/docs")]
+    if rt.console_path is not None:
+        rows.append(("Console", f"http://{base}{rt.console_path}"))
+    rows += [("LLM", llm_text(rt)), ("Data", str(s.data_dir)), ("Log file", str(s.data_dir / "logs" / "avm.log"))]
+    if rt.tool_sandbox is not None:
+        rows.append(("Sandbox", rt.tool_sandbox.mode))
+    return [f"AgentVM {__version__} is running", *(f"  {name:<10} {value}" for name, value in rows),
+            "Press Ctrl-C to stop."]
+
+
+def banner(rt: Runtime, port: int) -> None:
+    """The start-up line: readable lines on the console (the record's `console` text), the same facts
+    as keys in the JSON log."""
+    s = rt.settings
+    base = f"{url_host(s.host)}:{port}"
     sandbox = rt.tool_sandbox
     tools = f" — tool sandbox: {sandbox.mode}" if sandbox is not None else ""
-    log.info(f"AgentVM {__version__} listening on ws://{s.host}:{port}/ws — LLM: {llm}{tools}",
+    log.info(f"AgentVM {__version__} listening on ws://{base}/ws — LLM: {llm_text(rt)}{tools}",
              extra={"event": "startup", "version": __version__, "host": s.host, "port": port,
-                    "data_dir": str(s.data_dir), "driver": rt.driver.name, "flush_ms": s.stream_flush_ms})
+                    "http_url": f"http://{base}", "ws_url": f"ws://{base}/ws", "docs_url": f"http://{base}/docs",
+                    "console_url": f"http://{base}{rt.console_path}" if rt.console_path is not None else None,
+                    "data_dir": str(s.data_dir), "driver": rt.driver.name,
+                    "model": s.llm_model if rt.driver.name != "scripted" else None,
+                    "sandbox": sandbox.mode if sandbox is not None else None, "flush_ms": s.stream_flush_ms,
+                    CONSOLE_TEXT: "\n".join(banner_lines(rt, port))})
     if sandbox is not None and sandbox.warning is not None:
         log.warning(f"WARNING: {sandbox.warning}. Unset AVM_UNSAFE_UNSANDBOXED_TOOLS once bubblewrap is installed "
                     "or the server runs as root.", extra={"event": "startup", "sandbox": sandbox.mode})

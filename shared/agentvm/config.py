@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?")
 
 
@@ -107,7 +108,11 @@ class Settings(BaseSettings):
     cors_origins: str = Field("", description=(
         "Origins whose browser pages may call the HTTP APIs (comma-separated, e.g. "
         "https://console.example.com); empty: no cross-origin access. No wildcard: name each origin."))
-    log_level: str = Field("INFO", description="Log level of the structured stderr log.")
+    log_level: str = Field("INFO", description=(
+        "Log level of the structured log: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."))
+    log_format: Literal["auto", "console", "json"] = Field("auto", description=(
+        "`avm serve`'s stderr lines: readable `console` lines, `json` lines, or `auto` (console when stderr "
+        "is a terminal, JSON otherwise). The log file is JSON whatever this says."))
     reliable_wrapper: bool = Field(True, description=(
         "Wrap frames as {__msgId, __payload} and accept ACKs. Off in the cloud: every ACK would be a billed "
         "frame and a $default invocation."))
@@ -173,6 +178,14 @@ class Settings(BaseSettings):
             if not _ORIGIN.fullmatch(origin):
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path, no wildcard)")
         return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"{value!r} is not a log level; use {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}")
+        return level
 
     def database_path(self) -> Path:
         return self.data_dir / "agentvm.db"

@@ -1,4 +1,5 @@
-"""Structured JSON logging to stderr (and, for `avm serve`, a rotating file). Keys like turn_id and
+"""Structured JSON logging to stderr (and, for `avm serve`, a rotating file; its stderr may be
+readable console lines instead). Keys like turn_id and
 container_id go in `extra`. Secrets are redacted from every line, ours and the libraries': extras
 named like one (`token`, `api_key`, `password`, `authorization`, `*_secret`, ...) and, anywhere in the
 text, API-key or Anthropic-key tokens, bearer credentials, credential headers (`Authorization: …`,
@@ -120,12 +121,49 @@ class JsonFormatter(logging.Formatter):
             "msg": redact(record.getMessage()),
         }
         for key, value in record.__dict__.items():
-            if key not in _STD and not key.startswith("_"):
+            if key not in _STD and not key.startswith("_") and key != CONSOLE_TEXT:
                 out[key] = REDACTED if _secret_name(key) else redact(value) if isinstance(value, str) else value
         if record.exc_info and record.levelno >= logging.ERROR:
             out["error_type"] = record.exc_info[0].__name__ if record.exc_info[0] else None
             out["exc"] = redact(self.formatException(record.exc_info))
         return orjson.dumps(out, default=str).decode()
+
+
+#: A record's `console` extra: the text a person reads on the console in place of its line (the
+#: start-up banner). JSON lines leave it out: they carry the same facts as keys.
+CONSOLE_TEXT = "console"
+_LEVEL_COLOURS = {"DEBUG": "\x1b[2m", "INFO": "\x1b[32m", "WARNING": "\x1b[33m", "ERROR": "\x1b[31m",
+                  "CRITICAL": "\x1b[1;31m"}
+
+
+class ConsoleFormatter(logging.Formatter):
+    """One readable line a record: `14:02:07 INFO  agentvm.serve  turn finished  turn_id=… cost=…`
+    (local time), redacted as the JSON lines are; `colour`: the level in colour (a terminal)."""
+
+    def __init__(self, *, colour: bool = False) -> None:
+        super().__init__()
+        self.colour = colour
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = getattr(record, CONSOLE_TEXT, None)
+        if isinstance(text, str):
+            return redact(text)
+        level = f"{record.levelname:<7}"
+        if self.colour:
+            level = f"{_LEVEL_COLOURS.get(record.levelname, '')}{level}\x1b[0m"
+        fields = " ".join(f"{key}={REDACTED if _secret_name(key) else _console_value(value)}"
+                          for key, value in record.__dict__.items()
+                          if key not in _STD and not key.startswith("_") and key != "event")
+        line = (f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {level} {record.name}  "
+                f"{redact(record.getMessage())}{'  ' + fields if fields else ''}")
+        if record.exc_info and record.levelno >= logging.ERROR:
+            line += "\n" + redact(self.formatException(record.exc_info))
+        return line
+
+
+def _console_value(value: object) -> str:
+    text = redact(value) if isinstance(value, str) else str(value)
+    return f'"{text}"' if not text or " " in text else text
 
 
 class ClientFaultFilter(logging.Filter):
@@ -153,9 +191,10 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
 
 
 def setup_logging(level: str = "INFO", *, log_file: Path | None = None, max_bytes: int = LOG_FILE_MAX_BYTES,
-                  backups: int = LOG_FILE_BACKUPS) -> None:
-    """JSON lines to stderr and, with `log_file`, to that file too, rotated at `max_bytes` with
-    `backups` old files kept (`avm.log.1` the newest)."""
+                  backups: int = LOG_FILE_BACKUPS, console: bool = False) -> None:
+    """JSON lines to stderr (`console`: readable lines, coloured on a terminal) and, with `log_file`,
+    JSON lines to that file too, rotated at `max_bytes` with `backups` old files kept (`avm.log.1` the
+    newest)."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -171,6 +210,9 @@ def setup_logging(level: str = "INFO", *, log_file: Path | None = None, max_byte
         handler.setFormatter(JsonFormatter())
         handler.addFilter(SecretFilter())
         root.addHandler(handler)
+    if console:
+        colour = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+        handlers[0].setFormatter(ConsoleFormatter(colour=colour))
     root.setLevel(level.upper())
     # Per-request access lines are noise at INFO, cost money in the cloud and hold query strings
     # (`/ws?token=…`); so do the HTTP clients' request lines.

@@ -379,4 +379,4 @@ def test_avm_serve_logs_to_the_data_dir(tmp_path: Path, root_logging: None, monk
     monkeypatch.setattr("agentvm.logs.setup_logging", fake_setup)
     with pytest.raises(SystemExit):
         avm.cli.main(["serve", "--data-dir", str(tmp_path / "d"), "--port", "0"])
-    assert seen == {"level": "INFO", "log_file": tmp_path / "d" / "logs" / "avm.log"}
+    assert seen == {"level": "INFO", "log_file": tmp_path / "d" / "logs" / "avm.log", "console": False}  # no TTY

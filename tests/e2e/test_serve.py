@@ -146,4 +146,4 @@ def test_bad_settings_are_reported_without_a_traceback(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "avm.cli", "serve", "--port", "70000", "--data-dir",
                           str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 2
-    assert out.stderr.strip() == "avm: invalid setting port (--port): Input should be less than or equal to 65535"
+    assert out.stderr == "avm serve: --port 70000: must be a whole number from 0 to 65535 (0 picks a free port)\n"

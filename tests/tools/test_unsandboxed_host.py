@@ -144,13 +144,13 @@ async def test_the_unsafe_opt_in_runs_tools_and_is_shouted(traversable_dir: Path
 
 
 def test_the_opt_in_is_a_flag_and_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from avm.cli import _serve_parser, _settings_from
+    from avm.serve_cmd import flag_values, register, settings_from
 
     parser = argparse.ArgumentParser()
-    _serve_parser(parser.add_subparsers(dest="command"))
-    flagged = _settings_from(parser.parse_args(["serve", "--unsafe-unsandboxed-tools"]))
+    register(parser.add_subparsers(dest="command"))
+    flagged = settings_from(flag_values(parser.parse_args(["serve", "--unsafe-unsandboxed-tools"])))
     assert isinstance(flagged, Settings) and flagged.unsafe_unsandboxed_tools is True
-    plain = _settings_from(parser.parse_args(["serve"]))
+    plain = settings_from(flag_values(parser.parse_args(["serve"])))
     assert isinstance(plain, Settings) and plain.unsafe_unsandboxed_tools is False
     monkeypatch.setenv("AVM_UNSAFE_UNSANDBOXED_TOOLS", "1")
     assert Settings().unsafe_unsandboxed_tools is True

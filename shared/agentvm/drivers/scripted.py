@@ -224,8 +224,11 @@ class ScriptedDriver:
 def parse_script(raw: str, *, source: str = "script") -> Script:
     try:
         data = yaml.safe_load(raw) if raw.strip() else {}
-    except yaml.YAMLError as exc:
-        raise InvalidRequest(f"{source}: not valid YAML/JSON: {exc}", field="script") from exc
+    except yaml.YAMLError as exc:  # one line: the problem and where (PyYAML's own text spans lines)
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "cannot be parsed"
+        raise InvalidRequest(f"{source}: not valid YAML/JSON{at}: {problem}", field="script") from None
     if isinstance(data, list):
         data = {"rules": data}
     if not isinstance(data, dict):

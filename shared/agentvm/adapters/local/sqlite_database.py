@@ -107,7 +107,9 @@ class SqliteDatabase:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            log.info("database migrated", extra={"schema_version": version + 1})
+            log.debug("database migration applied", extra={"schema_version": version + 1})
+        if current < len(MIGRATIONS):
+            log.info("database migrated", extra={"from_schema": current, "schema_version": len(MIGRATIONS)})
 
     def _worker(self, ready: Future[None]) -> None:
         try:
