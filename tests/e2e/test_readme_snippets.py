@@ -42,7 +42,7 @@ import httpx
 import pytest
 
 from agentvm_client import AgentVMClient, RequestFailed
-from tests.support.servers import REPO, ServeProcess, free_port, stop_serve
+from tests.support.servers import REPO, ServeProcess, await_startup_record, free_port, stop_serve
 
 README = REPO / "README.md"
 TAGS = {"sh", "python", "js", "console"}
@@ -218,6 +218,7 @@ class Env:
                 assert proc.poll() is None, f"avm serve exited with {proc.returncode}:\n{srv.log()}"
                 try:
                     if httpx.get(f"{srv.http}/health", timeout=0.5).status_code == 200:
+                        await_startup_record(srv, deadline)
                         break
                 except httpx.HTTPError:
                     pass
