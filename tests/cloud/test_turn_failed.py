@@ -21,11 +21,9 @@ from typing import Any, cast
 
 import pytest
 
-from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.dynamodb_usage import DynamoDBUsageLedger
-from agentvm.auth.api_keys import new_key
 from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
 from agentvm.domain.models import Checkpoint, LeaseState, Turn, TurnStatus
@@ -35,7 +33,7 @@ from agentvm.hosting.session_worker import WORKER_LOST_TEXT, DeadRunner
 from agentvm.hosting.turn_failure import FailedInvocation, handle_failed_invocation, parse_failure
 from agentvm.hosting.turn_sweep import SWEEP_GRACE_MS, sweep
 from agentvm.ids import now_ms
-from tests.aws_fixtures import REGION
+from tests.aws_fixtures import REGION, put_new_key, without_agentvm_env
 from tests.support.cloud_edge import CloudEdge
 from tests.support.lambda_process import ProcessEnvironments
 from tests.support.scripts import slow_reply_script
@@ -58,17 +56,14 @@ class Stack:
 @contextlib.asynccontextmanager
 async def _stack(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *,
                  processes: bool) -> AsyncIterator[Stack]:
-    for name in list(os.environ):  # nothing from the developer's shell reaches the handlers
-        if name.startswith(("AVM_", "LLM_", "ANTHROPIC_")):
-            monkeypatch.delenv(name)
+    without_agentvm_env(monkeypatch)
     script = tmp_path / "script.yaml"
     script.write_text(SCRIPT)
     table = f"agentvm-{uuid.uuid4().hex[:16]}"
     store = DynamoDBStore(table, endpoint_url=moto_endpoint, region_name=REGION)
     await store.open()
     await store.create_table()
-    _key, token = new_key(TENANT, ("user",), name="failed turns")
-    await DynamoDBKeys(store).put_key(_key)
+    _key, token = await put_new_key(store, TENANT)
     edge = CloudEdge(moto_endpoint=moto_endpoint, token=token, table_name=table)
     env = {"AVM_CHAT_TURN_FUNCTION": "agentvm-chat-turn:live", "AVM_RELIABLE_WRAPPER": "false",
            "AVM_SCRIPT_PATH": str(script), **edge.handler_env()}

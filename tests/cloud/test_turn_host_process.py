@@ -28,18 +28,16 @@ from typing import IO, Any
 
 import pytest
 
-from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.dynamodb_turn_hosts import DynamoDBTurnHosts
 from agentvm.adapters.aws.dynamodb_usage import DynamoDBUsageLedger
-from agentvm.auth.api_keys import new_key
 from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
 from agentvm.domain.usage import Budget, period_of
 from agentvm.hosting.session_worker import WORKER_LOST_TEXT
 from agentvm.hosting.turn_sweep import SWEEP_GRACE_MS, sweep
 from agentvm.ids import now_ms
-from tests.aws_fixtures import REGION
+from tests.aws_fixtures import REGION, put_new_key, without_agentvm_env
 from tests.support.cloud_edge import CloudEdge, cloud_edge
 from tests.support.scripts import slow_reply_script
 from tests.support.stock_client import StockClient
@@ -67,17 +65,14 @@ class Stack:
 @pytest.fixture
 async def stack(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch,
                 tmp_path: Path) -> AsyncIterator[Stack]:
-    for name in list(os.environ):  # nothing from the developer's shell reaches the handlers or the host
-        if name.startswith(("AVM_", "LLM_", "ANTHROPIC_")):
-            monkeypatch.delenv(name)
+    without_agentvm_env(monkeypatch)
     script = tmp_path / "script.yaml"
     script.write_text(SCRIPT)
     table = f"agentvm-{uuid.uuid4().hex[:16]}"
     store = DynamoDBStore(table, endpoint_url=moto_endpoint, region_name=REGION)
     await store.open()
     await store.create_table()
-    key, token = new_key(TENANT, ("user",), name="turn hosts")
-    await DynamoDBKeys(store).put_key(key)
+    _key, token = await put_new_key(store, TENANT)
     env = {"AVM_CHAT_TURN_FUNCTION": "agentvm-chat-turn:live", "AVM_RELIABLE_WRAPPER": "false",
            "AVM_SCRIPT_PATH": str(script), "AVM_TURN_QUEUE_URL": create_queue(moto_endpoint),
            "AVM_SESSION_LEASE_S": str(LEASE_S), "AVM_TURN_HOST_HEARTBEAT_S": str(HEARTBEAT_S),
