@@ -141,7 +141,7 @@ class CloudFanout:
                            batch=self._batch(connection_id))
         self._remember(session_id, sub)
         self._op("mark", connection_id, session_id, last)
-        self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
+        self._op("subscription", session_id, sub)
 
     async def _received(self, session_id: str, connection_id: str, head: int) -> int:
         """The highest seq this connection has already been sent on the session (0: none)."""
@@ -160,7 +160,7 @@ class CloudFanout:
         self.watch(connection_id, container_id)
         sub = Subscription(connection_id, after_seq=after_seq, replayed_seq=after_seq, pending=True,
                            batch=self._batch(connection_id))
-        self._write(self.registry.put_subscription(self.tenant_id, session_id, sub))
+        self._op("subscription", session_id, sub)
 
     # ---- invocation lifecycle --------------------------------------------------------------------
 
@@ -263,6 +263,8 @@ class CloudFanout:
                     if cached is not None:
                         self._subs[str(args[0])] = (float("-inf"), cached[1])
                     await self._subscribers(str(args[0]), 1 << 62, forced=bool(args[1]))
+                elif kind == "subscription":  # stored before anything queued after it is posted
+                    await self.registry.put_subscription(self.tenant_id, str(args[0]), cast("Subscription", args[1]))
                 elif kind == "watch":
                     await self.registry.watch(self.tenant_id, str(args[0]), str(args[1]))
                 elif kind == "live":
