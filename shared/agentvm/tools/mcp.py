@@ -17,8 +17,8 @@ of the container reuse a running server (its state, its start-up time); a change
 key. A server that died is restarted by the next `tools()`, or by the next call after the call that
 reported its death. Idle stop: `reap_idle()` (called periodically by the composition root) stops
 connections unused for `idle_s`; a turn that still holds one restarts it on its next call. A server
-that fails to start costs the turn only its tools (`McpTools.problems` says why, logged once) and
-is not retried for `retry_s`, so a hanging command does not slow every turn.
+that fails to start costs the turn only its tools (a call of one says why: `mcp_failures.py`; logged
+once) and is not retried for `retry_s`, so a hanging command does not slow every turn.
 
 Environment of a stdio server: exactly the caller's base environment (the scrubbed tool env,
 without the server's secrets) plus the server config's `env`. The SDK merges its own
@@ -54,6 +54,7 @@ from agentvm.drivers.base import ToolOutcome
 from agentvm.engine.tools import unavailable
 from agentvm.errors import AgentVMError, InvalidRequest
 from agentvm.logs import register_secrets
+from agentvm.tools.mcp_failures import TOOL_PREFIX, not_started
 
 if TYPE_CHECKING:
     import anyio
@@ -72,7 +73,6 @@ PoolKey = tuple[str, str, str, str]  # tenant id, container id, server name, con
 
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 MAX_SERVERS = 32
-TOOL_PREFIX = "mcp__"
 _TOOL_NAME_MAX = 128
 _UNSAFE_TOOL_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -640,12 +640,14 @@ class McpTools:
     server's connection, a connection that stopped restarted through the pool."""
 
     def __init__(self, pool: McpPool, key_prefix: tuple[str, str], launch: Launch,
-                 connections: Mapping[str, McpConnection], problems: list[str]) -> None:
+                 connections: Mapping[str, McpConnection], problems: list[str],
+                 failed: Mapping[str, str] | None = None) -> None:
         self._pool = pool
         self._prefix = key_prefix
         self._launch = launch
         self._connections = dict(connections)
         self.problems = problems
+        self.failed = dict(failed or {})  # server -> why it did not start
         listed: dict[tuple[str, str], RemoteTool] = {}
         for server, conn in sorted(self._connections.items()):
             for tool in conn.tools:
@@ -672,6 +674,9 @@ class McpTools:
             return None
         return [route.schema for route in self._routes.values() if route.server == server]
 
+    def unknown(self, name: str) -> ToolOutcome | None:
+        return not_started(name, self.failed)
+
     def needs_sandbox(self, name: str) -> bool:
         route = self._routes.get(name)
         return route is not None and self._connections[route.server].config.needs_sandbox
@@ -679,7 +684,7 @@ class McpTools:
     async def run(self, name: str, input_: JSON) -> ToolOutcome:
         route = self._routes.get(name)
         if route is None:
-            return unavailable(name)
+            return self.unknown(name) or unavailable(name)
         conn = self._connections[route.server]
         if not conn.running:
             if conn.failure is not None and not conn.failure_reported:
@@ -720,8 +725,8 @@ class McpPool:
         configs = list(servers.values())
         found = await asyncio.gather(*(self.connect(key_prefix, cfg, launch) for cfg in configs))
         connections = {cfg.name: c for cfg, c in zip(configs, found, strict=True) if isinstance(c, McpConnection)}
-        problems = [f"{cfg.name}: {c}" for cfg, c in zip(configs, found, strict=True) if isinstance(c, str)]
-        return McpTools(self, key_prefix, launch, connections, problems)
+        failed = {cfg.name: c for cfg, c in zip(configs, found, strict=True) if isinstance(c, str)}
+        return McpTools(self, key_prefix, launch, connections, [f"{n}: {why}" for n, why in failed.items()], failed)
 
     async def connect(self, key_prefix: tuple[str, str], cfg: McpServerConfig,
                       launch: Launch) -> McpConnection | str:

@@ -110,6 +110,8 @@ class WorkspaceTools:
                     listed = mcp.schemas_of(cfg.name)
                     if cfg.needs_sandbox and listed is not None:
                         self.stdio.remember(image.tenant_id, cfg, listed)
+                    elif cfg.needs_sandbox and cfg.name in mcp.failed:
+                        self.stdio.remember_failure(image.tenant_id, cfg, mcp.failed[cfg.name])
             parts.append(mcp)
         return parts[0] if len(parts) == 1 else CompositeTools(parts)
 
