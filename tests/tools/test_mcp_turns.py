@@ -17,7 +17,7 @@ from agentvm.adapters.local.local_process import probe_host
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient
-from tests.tools.test_mcp import FIXTURE, _interpreter, _site_packages_for_the_fixture
+from tests.tools.test_mcp import FIXTURE, _exists, _interpreter, _site_packages_for_the_fixture, gone
 
 SCRIPT = """
 rules:
@@ -145,3 +145,26 @@ async def test_a_server_that_does_not_start_says_why_and_does_not_escalate_every
         text = results[0]["result"]
         assert text.startswith("Tool 'mcp__broken__echo': MCP server 'broken' did not start: "), text
         assert "cannot open /opt/srv/index.js" in text, text
+
+
+async def test_deleting_an_image_stops_its_mcp_servers(base: Path) -> None:
+    host = probe_host()
+    if host.prlimit is None or (os.geteuid() == 0 and host.setpriv is None):
+        pytest.skip("util-linux's prlimit (and setpriv as root) are needed to start a sandboxed server")
+    async with in_process(base / "data", driver=ScriptedDriver(parse_script(SCRIPT)), sandbox_isolation="none",
+                          unsafe_unsandboxed_tools=os.geteuid() != 0) as srv, \
+            StockClient(srv.url) as client:
+        config = server_config(base)
+        first = await client.new_image("c-del", mcpServers={"fixture": config})
+        pid = (await whoami(client, first["imageId"]))["pid"]
+        # a second image of the container with the same server shares its process: deleting it keeps the server
+        await client.request("image_create_request",
+                             {"containerId": "c-del", "config": {"mcpServers": {"fixture": config}}})
+        images = (await client.request("image_list_request", {"containerId": "c-del"}))["data"]["records"]
+        [second] = [i["imageId"] for i in images if i["imageId"] != first["imageId"]]
+        assert (await whoami(client, second))["pid"] == pid
+        await client.request("image_delete_request", {"imageId": second})
+        assert _exists(pid) and len(srv.runtime.mcp.running()) == 1
+        await client.request("image_delete_request", {"imageId": first["imageId"]})
+        assert srv.runtime.mcp.running() == []
+        assert await gone(pid)

@@ -1,34 +1,29 @@
 """The MCP servers of an image: their config, client sessions to them, and their tools for the model.
 
-An image's `mcpServers` (AgentX shape) names stdio servers (a command the container starts in its
-sandbox) and remote ones (streamable HTTP, or the older SSE transport). `parse_mcp_servers` checks
-that config; `McpPool` keeps one `McpConnection` per server of a container and hands a turn its
-tools as `McpTools` (the turn engine's `ToolRunner`), named `mcp__<server>__<tool>`.
+An image's `mcpServers` (AgentX shape) names stdio servers (a command the container starts in its sandbox) and remote
+ones (streamable HTTP, or the older SSE transport). `parse_mcp_servers` checks that config; `McpPool` keeps one
+`McpConnection` per server of a container and hands a turn its tools as `McpTools` (the turn engine's `ToolRunner`),
+named `mcp__<server>__<tool>`.
 
-Why a dedicated task per connection: the SDK's transports and `ClientSession` are anyio context
-managers built on task groups, which must be exited by the task that entered them. A connection
-lives across turns, so no turn's task can own it: `McpConnection` enters everything in its own
-task (one `AsyncExitStack`), which then waits until it is told to stop or the transport ends.
-`start()` and `stop()` only signal that task and wait for it, so any task may call them; calls
-to the session are plain requests and work from any task.
+Why a dedicated task per connection: the SDK's transports and `ClientSession` are anyio context managers built on task
+groups, which must be exited by the task that entered them. A connection lives across turns, so no turn's task can own
+it: `McpConnection` enters everything in its own task (one `AsyncExitStack`), which then waits until it is told to
+stop or the transport ends. `start()` and `stop()` only signal that task and wait for it, so any task may call them;
+calls to the session are plain requests and work from any task.
 
-Reuse: connections are keyed by (tenant, container, server name, config fingerprint). Later turns
-of the container reuse a running server (its state, its start-up time); a changed config is a new
-key. A server that died is restarted by the next `tools()`, or by the next call after the call that
-reported its death. Idle stop: `reap_idle()` (called periodically by the composition root) stops
-connections unused for `idle_s`; a turn that still holds one restarts it on its next call. A server
-that fails to start costs the turn only its tools (a call of one says why: `mcp_failures.py`; logged
-once) and is not retried for `retry_s`, so a hanging command does not slow every turn.
+Reuse: connections are keyed by (tenant, container, server name, config fingerprint). Later turns of the container
+reuse a running server (its state, its start-up time); a changed config is a new key. A server that died is restarted
+by the next `tools()`, or by the next call after the call that reported its death. Idle stop: `reap_idle()` (called
+periodically by the composition root) stops connections unused for `idle_s`; a turn that still holds one restarts it
+on its next call. A server that fails to start costs the turn only its tools (a call of one says why:
+`mcp_failures.py`; logged once) and is not retried for `retry_s`, so a hanging command does not slow every turn.
 
-Environment of a stdio server: exactly the caller's base environment (the scrubbed tool env,
-without the server's secrets) plus the server config's `env`. The SDK merges its own
-`get_default_environment()` (HOME, LOGNAME, PATH, SHELL, TERM, USER of this process) under the
-env it is given; the names the given env lacks are removed again by starting the command through
-`env -u NAME…` (names only on the command line, never values). Its stderr is kept in memory (the
-last few KiB, for the reason it stopped) and never reaches our own stdout or stderr.
-
-The SDK (~1 s of imports, httpx2) is imported only when a connection starts: parsing a config
-stays cheap for the function tier.
+Environment of a stdio server: exactly the caller's base environment (the scrubbed tool env, without the server's
+secrets) plus the server config's `env`. The SDK merges its own `get_default_environment()` (HOME, LOGNAME, PATH,
+SHELL, TERM, USER of this process) under the env it is given; the names the given env lacks are removed again by
+starting the command through `env -u NAME…` (names only on the command line, never values). Its stderr is kept in
+memory (the last few KiB, for the reason it stopped) and never reaches our own stdout or stderr. The SDK (~1 s of
+imports, httpx2) is imported only when a connection starts: parsing a config stays cheap for the function tier.
 """
 
 from __future__ import annotations
@@ -43,7 +38,7 @@ import re
 import shutil
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -771,6 +766,13 @@ class McpPool:
     def running(self) -> list[PoolKey]:
         """The keys of the running connections."""
         return [key for key, conn in self._connections.items() if conn.running]
+
+    async def stop_servers(self, key_prefix: tuple[str, str], servers: Iterable[McpServerConfig]) -> int:
+        """Stop these servers of container `key_prefix` (its image was deleted); how many were connected."""
+        keys = {(*key_prefix, cfg.name, config_fingerprint(cfg)) for cfg in servers}
+        stopping = [self._connections.pop(key) for key in keys & self._connections.keys()]
+        await asyncio.gather(*(conn.stop() for conn in stopping))
+        return len(stopping)
 
     async def reap_idle(self, now: float | None = None) -> int:
         """Stop the connections unused for `idle_s` at `now` (`time.monotonic()`), and forget the ones that
