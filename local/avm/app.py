@@ -132,12 +132,13 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
     process_for = functools.partial(LocalProcessRunner, isolation=settings.sandbox_isolation,
                                      unsafe_unsandboxed=settings.unsafe_unsandboxed_tools, disk=disk)
     mcp, stdio = McpPool(idle_s=settings.mcp_idle_s, call_timeout_s=settings.tool_timeout_s), StdioSchemas()
-    sandbox = LocalContainerTier(WorkspaceTools(LocalDisk(settings.data_dir), LocalFileSystem, process_for,
-                                                uids=ToolUids(settings.data_dir / "tool-uids.json"),
-                                                limits=Limits(timeout_s=settings.tool_timeout_s),
-                                                preview_bytes=settings.tool_preview_bytes, mcp=mcp, stdio=stdio,
-                                                store=store, http_allow_private=settings.http_tools_allow_private,
-                                                disk_policy=disk))
+    workspace_tools = WorkspaceTools(LocalDisk(settings.data_dir), LocalFileSystem, process_for,
+                                     uids=ToolUids(settings.data_dir / "tool-uids.json"),
+                                     limits=Limits(timeout_s=settings.tool_timeout_s),
+                                     preview_bytes=settings.tool_preview_bytes, mcp=mcp, stdio=stdio,
+                                     store=store, http_allow_private=settings.http_tools_allow_private,
+                                     disk_policy=disk)
+    sandbox = LocalContainerTier(workspace_tools)
     config = from_settings(settings, SqliteConfigStore(store), ProcessEnv(),
                            file=settings.config_file or settings.data_dir / "config.yaml")
     # turn metrics (docs/observability.md); `sessions` is built below, before anything reads the gauge
@@ -149,7 +150,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
                                           http_allow_private=settings.http_tools_allow_private),
                         container_tier=sandbox, sandbox_tools=sandbox,
                         turn_options=config, turn_observer=metrics.observe_turn, meter=meter,
-                        sandbox_refusal=lambda: tool_sandbox.refusal)
+                        sandbox_refusal=lambda: tool_sandbox.refusal, image_deleted=workspace_tools.release)
     sessions = SessionRegistry(deps)
     services = UseCases(deps, sessions)
     router = CommandRouter(services, hub)

@@ -11,12 +11,13 @@ Guarantees, as tested here:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from agentvm.adapters.local.local_fs import LocalFileSystem
-from agentvm.adapters.local.local_process import Isolation, LocalProcessRunner
+from agentvm.adapters.local.local_process import _ETC, Isolation, LocalProcessRunner
 from agentvm.adapters.local.tool_sandbox import Host
 from agentvm.domain.sandbox_limits import Limits
 from agentvm.sandbox import Runtime, Workspace
@@ -80,3 +81,40 @@ async def test_bwrap_shows_only_the_workspace_and_system_files(base: Path, tool_
     assert siblings.split() == ["a"]  # container b is not there
     offline = await rt.exec("exec 3<>/dev/tcp/1.1.1.1/53", limits=QUICK)
     assert offline.exit_code != 0
+
+
+_ETC_PRESENT = {name for name in _ETC if os.path.lexists(f"/etc/{name}")}
+_ETC_PROBE = "; ".join([
+    "head -c 64 /etc/resolv.conf > /dev/null && echo resolv",
+    "ls /etc/ssl/certs | grep -q . && echo certs",
+    "head -1 /etc/passwd | cut -d: -f1",
+    "cat /etc/shadow > /dev/null 2>&1 || echo no-shadow",
+    "cat /etc/gshadow > /dev/null 2>&1 || echo no-gshadow",
+    "python3 -c \"import ssl; c = ssl.create_default_context(cafile='/etc/ssl/certs/ca-certificates.crt'); "
+    "print('tls', len(c.get_ca_certs()) > 10)\"",
+])
+
+
+@pytest.mark.skipif(not Path("/etc/ssl/certs/ca-certificates.crt").is_file() or not Path("/etc/resolv.conf").exists(),
+                    reason="this host has no Debian-style CA bundle or resolv.conf")
+async def test_a_tool_reads_the_harmless_etc_files_but_not_shadow(base: Path, tool_uid: int,
+                                                                  isolation: Isolation) -> None:
+    if not ROOT and isolation == "none":
+        pytest.skip("without bwrap and without root, tools run as the server's user")
+    rt, _ = await _pair(base, tool_uid, tool_uid + 1, isolation)
+    result = await rt.exec(_ETC_PROBE, limits=QUICK)
+    assert result.exit_code == 0, result
+    assert result.stdout.decode().split("\n") == ["resolv", "certs", "root", "no-shadow", "no-gshadow", "tls True", ""]
+
+
+async def test_bwrap_offers_only_the_allow_listed_etc_entries(base: Path, tool_uid: int, host: Host) -> None:
+    if host.bwrap is None:
+        pytest.skip(f"bubblewrap not usable here: {host.bwrap_problem}")
+    rt, _ = await _pair(base, tool_uid, tool_uid + 1, "bwrap")
+    result = await rt.exec("stat -c %a /etc; ls -A /etc", limits=QUICK)
+    assert result.exit_code == 0, result
+    mode, *names = result.stdout.decode().split()
+    assert mode == "755"
+    assert set(names) == _ETC_PRESENT
+    assert {"resolv.conf", "ssl", "passwd"} <= _ETC_PRESENT
+    assert not {"shadow", "gshadow", "sudoers", "sudoers.d", "ssh"} & set(names)

@@ -307,8 +307,13 @@ async def test_servers_that_do_not_start_cost_only_their_tools(base: Path) -> No
             assert ghost.startswith("ghost: ") and "no-such-mcp-server" in ghost
             assert "No such file or directory" in ghost
             assert mute == "mute: did not start within 1 s"
+            # a call of a failed server's tool says why it is missing; a mistyped name does not
             assert (await tools.run("mcp__ghost__echo", {})).output == \
-                "Tool 'mcp__ghost__echo' is not available to this agent."
+                f"Tool 'mcp__ghost__echo': MCP server 'ghost' did not start: {ghost.removeprefix('ghost: ')}"
+            assert (await tools.run("mcp__mute__echo", {})).output == \
+                "Tool 'mcp__mute__echo': MCP server 'mute' did not start: did not start within 1 s"
+            assert (await tools.run("mcp__nobody__echo", {})).output == \
+                "Tool 'mcp__nobody__echo' is not available to this agent."
             assert [key[2] for key in pool.running()] == ["web"]
             # Not retried at once: the next turn gets the same answers without waiting for them again.
             started = time.monotonic()

@@ -17,7 +17,7 @@ from agentvm.adapters.local.local_process import probe_host
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient
-from tests.tools.test_mcp import FIXTURE, _interpreter, _site_packages_for_the_fixture
+from tests.tools.test_mcp import FIXTURE, _exists, _interpreter, _site_packages_for_the_fixture, gone
 
 SCRIPT = """
 rules:
@@ -26,6 +26,10 @@ rules:
       - text: ["Asking the server."]
         tool_calls: [{id: toolu_echo, name: mcp__fixture__echo, input: {text: "from the model"}}]
       - text: ["It said it back."]
+  - match: "^use broken"
+    responses:
+      - tool_calls: [{id: toolu_broken, name: mcp__broken__echo, input: {text: "x"}}]
+      - text: ["It did not start."]
   - match: "^who are you"
     responses:
       - tool_calls: [{id: toolu_who, name: mcp__fixture__whoami, input: {}}]
@@ -115,3 +119,52 @@ async def test_a_bad_mcp_config_is_refused_when_the_image_is_created(base: Path)
         assert res["data"]["error"] == "mcpServers.files.command: must be a non-empty string"
         images = await client.request("image_list_request", {"containerId": "c-bad"})
         assert images["data"]["records"] == []
+
+
+async def test_a_server_that_does_not_start_says_why_and_does_not_escalate_every_turn(base: Path) -> None:
+    host = probe_host()
+    if host.prlimit is None or (os.geteuid() == 0 and host.setpriv is None):
+        pytest.skip("util-linux's prlimit (and setpriv as root) are needed to start a sandboxed server")
+    broken = {"command": "/bin/sh", "args": ["-c", "echo 'cannot open /opt/srv/index.js' >&2; exit 3"]}
+    async with in_process(base / "data", driver=ScriptedDriver(parse_script(SCRIPT)), sandbox_isolation="none",
+                          unsafe_unsandboxed_tools=os.geteuid() != 0) as srv, \
+            StockClient(srv.url) as client:
+        tier = srv.runtime.container_tier
+        image = await client.new_image("c-broken", mcpServers={"broken": broken})
+        results, tiers = [], []
+        for _ in range(3):
+            events = await client.turn(image["imageId"], "use broken", timeout=30)
+            results += [e["data"] for e in events if e["type"] == "tool_result"]
+            tiers.append((events[-1]["data"]["status"], events[-1]["data"]["tier"]))
+        # the first turn went to the container tier to list the server's tools; it failed to start, so the
+        # next turns stay in the function tier, and every call of its tool says why
+        assert tiers == [("completed", "container"), ("completed", "function"), ("completed", "function")]
+        assert tier.dispatches == 1
+        assert [r["isError"] for r in results] == [True, True, True]
+        assert len({r["result"] for r in results}) == 1
+        text = results[0]["result"]
+        assert text.startswith("Tool 'mcp__broken__echo': MCP server 'broken' did not start: "), text
+        assert "cannot open /opt/srv/index.js" in text, text
+
+
+async def test_deleting_an_image_stops_its_mcp_servers(base: Path) -> None:
+    host = probe_host()
+    if host.prlimit is None or (os.geteuid() == 0 and host.setpriv is None):
+        pytest.skip("util-linux's prlimit (and setpriv as root) are needed to start a sandboxed server")
+    async with in_process(base / "data", driver=ScriptedDriver(parse_script(SCRIPT)), sandbox_isolation="none",
+                          unsafe_unsandboxed_tools=os.geteuid() != 0) as srv, \
+            StockClient(srv.url) as client:
+        config = server_config(base)
+        first = await client.new_image("c-del", mcpServers={"fixture": config})
+        pid = (await whoami(client, first["imageId"]))["pid"]
+        # a second image of the container with the same server shares its process: deleting it keeps the server
+        await client.request("image_create_request",
+                             {"containerId": "c-del", "config": {"mcpServers": {"fixture": config}}})
+        images = (await client.request("image_list_request", {"containerId": "c-del"}))["data"]["records"]
+        [second] = [i["imageId"] for i in images if i["imageId"] != first["imageId"]]
+        assert (await whoami(client, second))["pid"] == pid
+        await client.request("image_delete_request", {"imageId": second})
+        assert _exists(pid) and len(srv.runtime.mcp.running()) == 1
+        await client.request("image_delete_request", {"imageId": first["imageId"]})
+        assert srv.runtime.mcp.running() == []
+        assert await gone(pid)

@@ -43,6 +43,7 @@ class CompositeTools:
     def __init__(self, parts: Sequence[ToolRunner]) -> None:
         self._schemas: list[JSON] = []
         self._owner: dict[str, ToolRunner] = {}
+        self._parts = tuple(parts)
         for part in parts:
             for schema in part.schemas():
                 name = str(schema["name"])
@@ -59,7 +60,13 @@ class CompositeTools:
 
     async def run(self, name: str, input_: JSON) -> ToolOutcome:
         part = self._owner.get(name)
-        return unavailable(name) if part is None else await part.run(name, input_)
+        if part is not None:
+            return await part.run(name, input_)
+        for part in self._parts:  # a part may know why a name is missing (an MCP server that did not start)
+            explain = getattr(part, "unknown", None)
+            if explain is not None and (outcome := explain(name)) is not None:
+                return outcome  # type: ignore[no-any-return]
+        return unavailable(name)
 
 
 class SandboxCatalog:

@@ -3,7 +3,7 @@ ports, and the engine options."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -14,7 +14,7 @@ from agentvm.engine.tools import NoToolProvider
 from agentvm.ports import CallMeter, ContainerTier, Driver, Fanout, RecentMessages, Store, ToolProvider
 
 if TYPE_CHECKING:
-    from agentvm.domain.models import Turn
+    from agentvm.domain.models import Image, Turn
 
 # Told of every turn that ends (`turn`, and ms from its start to its first text delta, if any): metrics.
 TurnObserver = Callable[["Turn", "int | None"], None]
@@ -54,6 +54,8 @@ class RuntimePorts:
     # where `driver` is None (the cloud's ws_default): turns run on the offline scripted driver (no
     # LLM key is configured), so its model names are known ones (images.py)
     offline_llm: bool = False
+    # after an image is deleted: stop what this process runs for it (its MCP servers; `avm serve`)
+    image_deleted: Callable[[Image], Awaitable[object]] | None = None
 
     def history(self, tenant_id: str, session_id: str, expect: Collection[str] = ()) -> SessionHistory:
         """A session's history, through the process's cache when there is one; `expect`: ids of

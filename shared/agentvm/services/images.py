@@ -169,3 +169,5 @@ class ImageService:
         for session in await session_views(self.deps.store, image):
             await self.sessions.forget(session)
         await self.deps.store.delete_image(p.tenant_id, image.image_id)
+        if self.deps.image_deleted is not None:
+            await self.deps.image_deleted(image)

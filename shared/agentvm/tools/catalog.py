@@ -6,11 +6,12 @@
 * Stdio MCP servers run in the container; their tool list is known once the container tier has
   listed them (`StdioSchemas`, filled by `WorkspaceTools`). Until then, and where this runtime keeps
   no list (the cloud's function tier), a turn of such an image starts in the container tier
-  (`ContainerOnly`).
+  (`ContainerOnly`). A server that did not start there is left out for a while (`StdioSchemas.failure`).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from agentvm.ports import Store, ToolRunner
 from agentvm.tools.builtin import BuiltinTools, check_builtin_names
 from agentvm.tools.knowledge import knowledge_tools
 from agentvm.tools.mcp import McpPool, McpServerConfig, config_fingerprint, parse_mcp_servers, unconfined
+from agentvm.tools.mcp_failures import NotStarted
 from agentvm.tools.resource_tools import http_tools
 
 JSON = dict[str, Any]
@@ -34,16 +36,35 @@ def mcp_servers(image: Image) -> dict[str, McpServerConfig]:
 
 
 class StdioSchemas:
-    """The tool lists of stdio MCP servers as their container last listed them, by tenant and config."""
+    """The tool lists of stdio MCP servers as their container last listed them, by tenant and config,
+    and the start failures of the ones that did not start. A failure is trusted for `retry_s`: until
+    then the function tier runs the image's turns without that server (a call of one of its tools says
+    why) instead of sending every turn to the container tier; after it, one turn goes there to retry."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, retry_s: float = 300.0) -> None:
+        self.retry_s = retry_s
         self._known: dict[tuple[str, str], list[JSON]] = {}
+        self._failed: dict[tuple[str, str], tuple[str, float]] = {}
 
     def remember(self, tenant_id: str, cfg: McpServerConfig, schemas: list[JSON]) -> None:
-        self._known[(tenant_id, config_fingerprint(cfg))] = schemas
+        key = (tenant_id, config_fingerprint(cfg))
+        self._known[key] = schemas
+        self._failed.pop(key, None)
 
     def lookup(self, tenant_id: str, cfg: McpServerConfig) -> list[JSON] | None:
         return self._known.get((tenant_id, config_fingerprint(cfg)))
+
+    def remember_failure(self, tenant_id: str, cfg: McpServerConfig, reason: str) -> None:
+        key = (tenant_id, config_fingerprint(cfg))
+        self._known.pop(key, None)
+        self._failed[key] = (reason, time.monotonic())
+
+    def failure(self, tenant_id: str, cfg: McpServerConfig) -> str | None:
+        """Why the server did not start at its last try, while that is recent (`retry_s`)."""
+        failed = self._failed.get((tenant_id, config_fingerprint(cfg)))
+        if failed is None or time.monotonic() - failed[1] >= self.retry_s:
+            return None
+        return failed[0]
 
 
 class ToolCatalog:
@@ -73,14 +94,20 @@ class ToolCatalog:
             if self.pool is None or self.stdio is None:
                 return ContainerOnly("the image's MCP servers are reached from its container")
             listed: list[JSON] = []
+            failed: dict[str, str] = {}
             for cfg in servers.values():
                 if cfg.needs_sandbox:
                     schemas = self.stdio.lookup(image.tenant_id, cfg)
                     if schemas is None:
+                        if (reason := self.stdio.failure(image.tenant_id, cfg)) is not None:
+                            failed[cfg.name] = reason
+                            continue
                         return ContainerOnly(f"the tools of MCP server '{cfg.name}' are not listed yet")
                     listed += schemas
             if listed:
                 parts.append(SandboxCatalog(listed))
+            if failed:
+                parts.append(NotStarted(failed))
             remote = {name: cfg for name, cfg in servers.items() if not cfg.needs_sandbox}
             if remote:
                 parts.append(await self.pool.tools((image.tenant_id, image.container_id), remote, cwd=Path("/"),

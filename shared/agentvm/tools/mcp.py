@@ -1,34 +1,29 @@
 """The MCP servers of an image: their config, client sessions to them, and their tools for the model.
 
-An image's `mcpServers` (AgentX shape) names stdio servers (a command the container starts in its
-sandbox) and remote ones (streamable HTTP, or the older SSE transport). `parse_mcp_servers` checks
-that config; `McpPool` keeps one `McpConnection` per server of a container and hands a turn its
-tools as `McpTools` (the turn engine's `ToolRunner`), named `mcp__<server>__<tool>`.
+An image's `mcpServers` (AgentX shape) names stdio servers (a command the container starts in its sandbox) and remote
+ones (streamable HTTP, or the older SSE transport). `parse_mcp_servers` checks that config; `McpPool` keeps one
+`McpConnection` per server of a container and hands a turn its tools as `McpTools` (the turn engine's `ToolRunner`),
+named `mcp__<server>__<tool>`.
 
-Why a dedicated task per connection: the SDK's transports and `ClientSession` are anyio context
-managers built on task groups, which must be exited by the task that entered them. A connection
-lives across turns, so no turn's task can own it: `McpConnection` enters everything in its own
-task (one `AsyncExitStack`), which then waits until it is told to stop or the transport ends.
-`start()` and `stop()` only signal that task and wait for it, so any task may call them; calls
-to the session are plain requests and work from any task.
+Why a dedicated task per connection: the SDK's transports and `ClientSession` are anyio context managers built on task
+groups, which must be exited by the task that entered them. A connection lives across turns, so no turn's task can own
+it: `McpConnection` enters everything in its own task (one `AsyncExitStack`), which then waits until it is told to
+stop or the transport ends. `start()` and `stop()` only signal that task and wait for it, so any task may call them;
+calls to the session are plain requests and work from any task.
 
-Reuse: connections are keyed by (tenant, container, server name, config fingerprint). Later turns
-of the container reuse a running server (its state, its start-up time); a changed config is a new
-key. A server that died is restarted by the next `tools()`, or by the next call after the call that
-reported its death. Idle stop: `reap_idle()` (called periodically by the composition root) stops
-connections unused for `idle_s`; a turn that still holds one restarts it on its next call. A server
-that fails to start costs the turn only its tools (`McpTools.problems` says why, logged once) and
-is not retried for `retry_s`, so a hanging command does not slow every turn.
+Reuse: connections are keyed by (tenant, container, server name, config fingerprint). Later turns of the container
+reuse a running server (its state, its start-up time); a changed config is a new key. A server that died is restarted
+by the next `tools()`, or by the next call after the call that reported its death. Idle stop: `reap_idle()` (called
+periodically by the composition root) stops connections unused for `idle_s`; a turn that still holds one restarts it
+on its next call. A server that fails to start costs the turn only its tools (a call of one says why:
+`mcp_failures.py`; logged once) and is not retried for `retry_s`, so a hanging command does not slow every turn.
 
-Environment of a stdio server: exactly the caller's base environment (the scrubbed tool env,
-without the server's secrets) plus the server config's `env`. The SDK merges its own
-`get_default_environment()` (HOME, LOGNAME, PATH, SHELL, TERM, USER of this process) under the
-env it is given; the names the given env lacks are removed again by starting the command through
-`env -u NAME…` (names only on the command line, never values). Its stderr is kept in memory (the
-last few KiB, for the reason it stopped) and never reaches our own stdout or stderr.
-
-The SDK (~1 s of imports, httpx2) is imported only when a connection starts: parsing a config
-stays cheap for the function tier.
+Environment of a stdio server: exactly the caller's base environment (the scrubbed tool env, without the server's
+secrets) plus the server config's `env`. The SDK merges its own `get_default_environment()` (HOME, LOGNAME, PATH,
+SHELL, TERM, USER of this process) under the env it is given; the names the given env lacks are removed again by
+starting the command through `env -u NAME…` (names only on the command line, never values). Its stderr is kept in
+memory (the last few KiB, for the reason it stopped) and never reaches our own stdout or stderr. The SDK (~1 s of
+imports, httpx2) is imported only when a connection starts: parsing a config stays cheap for the function tier.
 """
 
 from __future__ import annotations
@@ -43,7 +38,7 @@ import re
 import shutil
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -54,6 +49,7 @@ from agentvm.drivers.base import ToolOutcome
 from agentvm.engine.tools import unavailable
 from agentvm.errors import AgentVMError, InvalidRequest
 from agentvm.logs import register_secrets
+from agentvm.tools.mcp_failures import TOOL_PREFIX, not_started
 
 if TYPE_CHECKING:
     import anyio
@@ -72,7 +68,6 @@ PoolKey = tuple[str, str, str, str]  # tenant id, container id, server name, con
 
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 MAX_SERVERS = 32
-TOOL_PREFIX = "mcp__"
 _TOOL_NAME_MAX = 128
 _UNSAFE_TOOL_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -640,12 +635,14 @@ class McpTools:
     server's connection, a connection that stopped restarted through the pool."""
 
     def __init__(self, pool: McpPool, key_prefix: tuple[str, str], launch: Launch,
-                 connections: Mapping[str, McpConnection], problems: list[str]) -> None:
+                 connections: Mapping[str, McpConnection], problems: list[str],
+                 failed: Mapping[str, str] | None = None) -> None:
         self._pool = pool
         self._prefix = key_prefix
         self._launch = launch
         self._connections = dict(connections)
         self.problems = problems
+        self.failed = dict(failed or {})  # server -> why it did not start
         listed: dict[tuple[str, str], RemoteTool] = {}
         for server, conn in sorted(self._connections.items()):
             for tool in conn.tools:
@@ -672,6 +669,9 @@ class McpTools:
             return None
         return [route.schema for route in self._routes.values() if route.server == server]
 
+    def unknown(self, name: str) -> ToolOutcome | None:
+        return not_started(name, self.failed)
+
     def needs_sandbox(self, name: str) -> bool:
         route = self._routes.get(name)
         return route is not None and self._connections[route.server].config.needs_sandbox
@@ -679,7 +679,7 @@ class McpTools:
     async def run(self, name: str, input_: JSON) -> ToolOutcome:
         route = self._routes.get(name)
         if route is None:
-            return unavailable(name)
+            return self.unknown(name) or unavailable(name)
         conn = self._connections[route.server]
         if not conn.running:
             if conn.failure is not None and not conn.failure_reported:
@@ -720,8 +720,8 @@ class McpPool:
         configs = list(servers.values())
         found = await asyncio.gather(*(self.connect(key_prefix, cfg, launch) for cfg in configs))
         connections = {cfg.name: c for cfg, c in zip(configs, found, strict=True) if isinstance(c, McpConnection)}
-        problems = [f"{cfg.name}: {c}" for cfg, c in zip(configs, found, strict=True) if isinstance(c, str)]
-        return McpTools(self, key_prefix, launch, connections, problems)
+        failed = {cfg.name: c for cfg, c in zip(configs, found, strict=True) if isinstance(c, str)}
+        return McpTools(self, key_prefix, launch, connections, [f"{n}: {why}" for n, why in failed.items()], failed)
 
     async def connect(self, key_prefix: tuple[str, str], cfg: McpServerConfig,
                       launch: Launch) -> McpConnection | str:
@@ -766,6 +766,13 @@ class McpPool:
     def running(self) -> list[PoolKey]:
         """The keys of the running connections."""
         return [key for key, conn in self._connections.items() if conn.running]
+
+    async def stop_servers(self, key_prefix: tuple[str, str], servers: Iterable[McpServerConfig]) -> int:
+        """Stop these servers of container `key_prefix` (its image was deleted); how many were connected."""
+        keys = {(*key_prefix, cfg.name, config_fingerprint(cfg)) for cfg in servers}
+        stopping = [self._connections.pop(key) for key in keys & self._connections.keys()]
+        await asyncio.gather(*(conn.stop() for conn in stopping))
+        return len(stopping)
 
     async def reap_idle(self, now: float | None = None) -> int:
         """Stop the connections unused for `idle_s` at `now` (`time.monotonic()`), and forget the ones that

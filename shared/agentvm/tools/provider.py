@@ -26,7 +26,7 @@ from agentvm.sandbox.workspace import Workspace
 from agentvm.tools.builtin import DEFAULT_PREVIEW_BYTES, JSON, BuiltinTools
 from agentvm.tools.catalog import StdioSchemas, enabled_builtins, mcp_servers
 from agentvm.tools.knowledge import knowledge_tools
-from agentvm.tools.mcp import McpPool
+from agentvm.tools.mcp import McpPool, config_fingerprint
 from agentvm.tools.resource_tools import http_tools
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,22 @@ class WorkspaceTools:
                     listed = mcp.schemas_of(cfg.name)
                     if cfg.needs_sandbox and listed is not None:
                         self.stdio.remember(image.tenant_id, cfg, listed)
+                    elif cfg.needs_sandbox and cfg.name in mcp.failed:
+                        self.stdio.remember_failure(image.tenant_id, cfg, mcp.failed[cfg.name])
             parts.append(mcp)
         return parts[0] if len(parts) == 1 else CompositeTools(parts)
+
+    async def release(self, image: Image) -> int:
+        """Stop the MCP servers of a deleted image, but not one that another image of its container uses
+        with the same config (they share the connection); how many were stopped."""
+        servers = mcp_servers(image)
+        if not servers:
+            return 0
+        others = await self.store.list_images(image.tenant_id, image.container_id) if self.store else []
+        kept = {(cfg.name, config_fingerprint(cfg)) for other in others if other.image_id != image.image_id
+                for cfg in mcp_servers(other).values()}
+        gone = [cfg for cfg in servers.values() if (cfg.name, config_fingerprint(cfg)) not in kept]
+        return await self.mcp.stop_servers((image.tenant_id, image.container_id), gone)
 
     async def _owner(self, image: Image, root: Path) -> tuple[int, int] | None:
         """The container's own (uid, gid) when the server runs as root, else None (tools run as us)."""

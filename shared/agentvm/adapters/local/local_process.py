@@ -20,10 +20,10 @@ What stands between a tool and the host, in layers (each used when this machine 
   of the uid (so all the concurrent calls of one `run_as` uid share it), and which does not apply to
   root: as root without a cgroup, only the uid drop makes it work.
 * **bubblewrap** (`isolation="auto"` when it is installed and works, probed once): the tool sees only
-  /usr (and the /bin, /lib… links), a few files of /etc, its workspace (read-write, at the same
-  path), a private /tmp, its own /proc and a minimal /dev; no network, its own pid/ipc/uts namespaces;
-  it dies with the server. As root, bubblewrap itself runs as root (no user namespace) and drops to
-  `run_as` with setpriv inside.
+  /usr (and the /bin, /lib… links), an allow-list of harmless /etc files (`_ETC`), its workspace
+  (read-write, at the same path), a private /tmp, its own /proc and a minimal /dev; no network, its
+  own pid/ipc/uts namespaces; it dies with the server. As root, bubblewrap itself runs as root (no
+  user namespace) and drops to `run_as` with setpriv inside.
 * **Network, as root without bubblewrap**: an empty network namespace (`unshare --net`, or unshare(2)
   in the `preexec_fn`): no listening socket of the server, no loopback service is reachable.
 
@@ -81,11 +81,16 @@ _DRAIN_S = 1.0  # after the command ends: how long its pipes may stay open (a pr
 TOOL_NICENESS = 10
 _REAP_S = 5.0  # how long a SIGKILLed process may take to be reaped
 _CG_JOIN = 'echo $$ > "$0" && exec "$@"'  # sh -c: move this shell into a cgroup, then become the command
-# /etc entries a sandboxed tool gets (read-only, when present): users, the dynamic linker, time zone,
-# Debian's alternatives (awk, editor…), TLS roots. Not the rest: it may hold host secrets.
-_ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives",
-        "ssl", "ca-certificates", "ca-certificates.conf", "mime.types", "protocols", "services", "hosts",
-        "os-release", "debian_version", "gitconfig")
+# /etc entries a sandboxed tool gets (read-only, when present): an allow-list, everything else of /etc
+# is absent (it may hold host secrets: shadow, gshadow, sudoers, ssh keys, service credentials).
+# TLS: OpenSSL's config and the CA roots (Node and Python read them at start); name service and resolver
+# files (the tool has no network, but libc and runtimes read them); time zone; the dynamic linker's
+# cache; Debian's alternatives (awk, editor...). passwd and group hold no secrets (hashes live in
+# shadow/gshadow): they let `id`, `ls -l` and runtimes map uids to names.
+_ETC = ("passwd", "group", "nsswitch.conf", "hosts", "resolv.conf", "host.conf", "gai.conf", "localtime", "timezone",
+        "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
+        "ca-certificates.conf", "pki", "mime.types", "protocols", "services", "os-release", "debian_version",
+        "gitconfig")
 _CPU_SIG: dict[int, str] = {signal.SIGXCPU.value: "cpu", signal.SIGXFSZ.value: "file_size"}
 
 _background: set[asyncio.Task[None]] = set()
@@ -180,6 +185,9 @@ def _bwrap_args(root: str, workdir: str, *, privileged: bool) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    # /etc itself 0755: bwrap makes a bind's missing parents 0700 root, which the tool's uid could not
+    # traverse (Node then fails to read its OpenSSL config, the bash tool sees no /etc at all).
+    args += ["--perms", "0755", "--dir", "/etc"]
     for name in _ETC:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
