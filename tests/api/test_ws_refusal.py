@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from agentvm.drivers.scripted import ScriptedDriver
 from agentvm_client import AgentVMClient, ConnectionRefused
+from avm.doctor import Doctor, StepFailed, Targets
 from tests.support.servers import REPO, in_process
 
 AUTH_FIRST = 'API key required: send {"type": "auth", "headers": {"Authorization": "Bearer <key>"}} first'
@@ -91,3 +93,18 @@ async def test_a_bad_key_gets_nothing_but_the_close(tmp_path: Path, how: str) ->
         assert got == []
         assert closed.value.rcvd is not None
         assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1008, "API key not valid")
+
+
+async def test_avm_doctor_names_the_refusal_of_the_websocket_step(tmp_path: Path) -> None:
+    async with in_process(tmp_path / "data", driver=ScriptedDriver(), auth="keys") as srv:
+        token = "avmk_000000000000." + "x" * 43
+        doctor = Doctor(Targets(srv.http, f"{srv.url}?token={token}", srv.http), token, None, 5.0, io.StringIO())
+        doctor.state.image_id = "img_never_reached"
+        try:
+            with pytest.raises(StepFailed) as failed:
+                await doctor._ws_turn()
+        finally:
+            await doctor._http.aclose()
+    assert failed.value.reason == f"{srv.url}: the connection was refused: API key not valid"
+    assert failed.value.fix.startswith("--token must be an active API key of this deployment")
+    assert token not in failed.value.reason + failed.value.fix
