@@ -118,6 +118,16 @@ def _error_message(body: bytes | bytearray | None) -> str:
         return bytes(body[:300]).decode("utf-8", "replace").strip()
 
 
+def _refusal(exc: ConnectionClosed) -> ConnectionRefused | None:
+    """The server's refusal of this client: a close 1008 with a reason (its API key, most often;
+    `avm serve` and the turn hosts' front accept a bad key's upgrade and close it at once so that a
+    browser can read why)."""
+    rcvd = exc.rcvd
+    if rcvd is None or rcvd.code != _POLICY_VIOLATION or not rcvd.reason:
+        return None
+    return ConnectionRefused(rcvd.reason, code=rcvd.code)
+
+
 async def _call(fn: Callable[..., Awaitable[None] | None], *args: Any, what: str) -> None:
     """Run a sync or async callback; log (never raise) its exceptions."""
     try:
@@ -231,7 +241,10 @@ class AgentVMClient:
         return self._last_seq.get(session_id)
 
     async def connect(self) -> None:
-        """Open the connection. Raises `ConnectError` if the server cannot be reached (no retry)."""
+        """Open the connection. Raises `ConnectError` if the server cannot be reached or refuses the
+        upgrade (no retry). A server that accepts the upgrade and closes it at once with 1008 (a bad
+        key on `avm serve`) makes the first request raise `ConnectionRefused` with its reason (this
+        call too, when the close arrives first)."""
         if self._closed:
             raise ClientClosed("client is closed")
         async with self._connect_lock:
@@ -249,6 +262,9 @@ class AgentVMClient:
             await self._resubscribe(ws)
         except ConnectionClosed as exc:
             self._ws = None
+            refused = _refusal(exc)
+            if refused is not None:
+                raise refused from exc
             raise ConnectError(f"cannot connect to {self.url}: connection closed during setup") from exc
         self._set_ready(True)
         self._dispatch_task = asyncio.create_task(self._dispatch_loop(), name="agentvm-client-dispatch")
@@ -336,7 +352,10 @@ class AgentVMClient:
                 try:
                     await ws.send(frame)
                 except ConnectionClosed as exc:
-                    raise ConnectionLost(f"connection lost while sending {request_type}") from exc
+                    seen = future.exception() if future.done() and not future.cancelled() else None
+                    if isinstance(seen, ClientError):  # the receive task saw the close first: its reason
+                        raise seen from exc
+                    raise _refusal(exc) or ConnectionLost(f"connection lost while sending {request_type}") from exc
                 return await future
         except TimeoutError as exc:
             if isinstance(exc, ClientError):
@@ -575,8 +594,9 @@ class AgentVMClient:
             else:
                 code = exc.rcvd.code
                 reason = f"code {code}: {exc.rcvd.reason}" if exc.rcvd.reason else f"code {code}"
-                if code == _POLICY_VIOLATION and exc.rcvd.reason:
-                    self._refusals.setdefault(ws, exc.rcvd.reason)
+                refused = _refusal(exc)
+                if refused is not None:
+                    self._refusals.setdefault(ws, refused.reason)
         refusal = self._refusals.pop(ws, None)
         if refusal is not None:
             return ConnectionRefused(refusal, code=code or _POLICY_VIOLATION)
@@ -614,8 +634,12 @@ class AgentVMClient:
             self._ws = ws
             try:
                 await self._resubscribe(ws)
-            except ConnectionClosed:
+            except ConnectionClosed as exc:
                 self._ws = None
+                refused = _refusal(exc)
+                if refused is not None:  # the upgrade was accepted, then closed 1008: the key is refused
+                    self._give_up(refused)
+                    return None
                 continue
             self._set_ready(True)
             logger.info("reconnected to %s after %d attempt(s)", self.url, attempt)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from prompt_toolkit.application import run_in_terminal
 
-from agentvm_client import AgentVMClient, ClientError, ConnectionLost, RequestFailed, RequestTimeout
+from agentvm_client import AgentVMClient, ClientError, ConnectionLost, ConnectionRefused, RequestFailed, RequestTimeout
 from agentvm_client.management import ManagementClient
 
 from .chat_commands import Commands, Conversation, Exit, help_text
@@ -45,9 +45,10 @@ class ChatLoop:
         try:
             where = await self._setup()
         except ClientError as exc:
-            # a server that closes the connection at its first request (no key: close 1008) ends here:
+            # a server that closes the connection at once (no key or a bad key: close 1008) ends here:
             # the line is "avm chat: " and the client's error, which names the refusal's reason
-            self._screen.error(f"avm chat: {exc}")
+            hint = " (check --token or $AVM_TOKEN)" if isinstance(exc, ConnectionRefused) else ""
+            self._screen.error(f"avm chat: {exc}{hint}")
             return 1
         self._screen.say(f"image: {where.image_id}")
         if self._screen.rich:

@@ -253,7 +253,7 @@ class Doctor:
         return f"image {self.state.image_id} in container {CONTAINER}, model {model}"
 
     async def _ws_turn(self) -> str:
-        from agentvm_client import AgentVMClient, ClientError, ConnectError
+        from agentvm_client import AgentVMClient, ClientError, ConnectError, ConnectionRefused
 
         assert self.state.image_id is not None
         client = AgentVMClient(self.where.ws, token=self.token, reconnect=False)
@@ -270,6 +270,9 @@ class Doctor:
             try:
                 result = await client.send_message(self.state.image_id, "Say OK.", session_id=self.state.session_id,
                                                    timeout=self.timeout)
+            except ConnectionRefused as exc:  # avm serve, a host's front: the upgrade accepted, then closed 1008
+                raise StepFailed(f"{shown(self.where.ws)}: the connection was refused: {exc.reason}",
+                                 _key_fix(self.token)) from None
             except ClientError as exc:
                 raise StepFailed(f"the turn did not complete: {exc}", "see the server's log (a stack: the chat_turn "
                                                                        "function's log group)") from None

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from agentvm.drivers.scripted import ScriptedDriver
 from avm.cli import main
@@ -53,12 +54,12 @@ async def test_keys_guard_every_request_and_tenants_manage_their_own(tmp_path: P
         assert (await http.get("/v1/images", headers=bearer("avmk_nope.nope"))).status_code == 401
         assert (await http.post("/api/v1/chat/completions", json={"agent_type": "chat_basic", "message": "x"})
                 ).status_code == 401
-        with pytest.raises(InvalidStatus) as refused:  # a bad key on the upgrade: refused there
-            async with StockClient(f"{srv.url}?token=avmk_000000000000.nope"):
-                pass
-        assert refused.value.response.status_code == 403
-        assert orjson.loads(refused.value.response.body) == {  # the reason, in the API's error shape
-            "error": {"code": "unauthorized", "message": "API key not valid"}}
+        # a bad key on the upgrade: accepted, then closed at once with 1008 and the reason
+        async with connect(f"{srv.url}?token=avmk_000000000000.nope") as refused:
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(refused.recv(), 5)
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1008, "API key not valid")
 
         # acme works over the WebSocket (token in the URL) and over HTTP (header)
         async with StockClient(f"{srv.url}?token={acme_admin}") as ws:

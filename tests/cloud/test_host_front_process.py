@@ -3,8 +3,9 @@ with `python -m agentvm.turnhost` as real processes against moto and the emulate
 
 (a) a stock AgentX client on host A's front gets exactly the frames a client gets through API
 Gateway, its turn runs on A (no queue hop, no `chat_turn`), and a second subscriber on host B gets
-the same session events (posted A → B over B's internal endpoint); (b) a bad key is refused at the
-upgrade with 401 and API Gateway's reason, a missing `auth` frame closes with 1008, a bad one gets
+the same session events (posted A → B over B's internal endpoint); (b) a bad key: API Gateway
+refuses the upgrade with 401 and the reason, the host's front accepts it and closes it at once with
+1008 and the same reason (nothing else reaches it), a missing `auth` frame closes with 1008, a bad one gets
 the `system_error` frame then 1008; the internal endpoint refuses a post without B's token;
 (c) host A killed with SIGKILL mid-turn: the client on B sees the turn fail `worker_lost` once the
 lease lapsed (a sweep), the budget hold is released, and a fresh subscriber replaying the event log
@@ -168,13 +169,21 @@ async def test_a_stock_client_on_a_host_gets_the_api_gateway_frames_and_b_gets_t
 
 async def test_bad_and_missing_keys_are_refused_as_on_the_other_fronts(stack: Stack) -> None:
     async with front_host(stack) as a:
-        refusals = []
-        for url in (stack.edge.url.split("?")[0] + "?token=avm_bad", a.url("avm_bad")):
-            with pytest.raises(InvalidStatus) as err:
-                async with connect(url):
-                    pass
-            refusals.append((err.value.response.status_code, err.value.response.body))
-        assert refusals[0] == refusals[1] and refusals[0][0] == 401 and refusals[0][1]
+        with pytest.raises(InvalidStatus) as err:  # API Gateway: $connect's 401 refuses the upgrade
+            async with connect(stack.edge.url.split("?")[0] + "?token=avm_bad"):
+                pass
+        assert (err.value.response.status_code, err.value.response.body) == (401, b"API key not valid")
+        # the host's front is no API Gateway: 1008 and the reason, which a browser can read
+        async with connect(a.url("avm_bad")) as ws:
+            with contextlib.suppress(ConnectionClosed):  # the close may be in already
+                await ws.send(json.dumps({"type": "container_create_request", "timestamp": 1, "source": "command",
+                                          "category": "request", "intent": "request",
+                                          "data": {"containerId": "c-refused", "requestId": "r0"}}))
+            got = []
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    got.append(await asyncio.wait_for(ws.recv(), 10))
+        assert (got, ws.close_code, ws.close_reason) == ([], 1008, "API key not valid")
 
         async with connect(a.url(None)) as ws:  # no key and no auth frame
             started = time.monotonic()

@@ -26,6 +26,7 @@ from agentvm_client import (
     ClientClosed,
     ConnectError,
     ConnectionLost,
+    ConnectionRefused,
     RequestFailed,
     RequestTimeout,
 )
@@ -56,6 +57,7 @@ class FakeAgentX:
 
     def __init__(self, *, require_token: str | None = None) -> None:
         self.require_token = require_token
+        self.refuse_from: int | None = None  # connections from this index on: accepted, then closed 1008
         self.frames: list[tuple[int, Event]] = []  # (connection index, frame) in arrival order
         self.conns: list[ServerConnection] = []
         self.on_request: dict[str, RequestHandler] = {}
@@ -84,6 +86,9 @@ class FakeAgentX:
     async def _handle(self, ws: ServerConnection) -> None:
         index = len(self.conns)
         self.conns.append(ws)
+        if self.refuse_from is not None and index >= self.refuse_from:  # as avm serve answers a bad key
+            await ws.close(1008, "API key revoked")
+            return
         self.live[ws] = set()
         try:
             async for raw in ws:
@@ -467,6 +472,31 @@ async def test_pending_request_fails_with_connection_lost_and_is_not_resent(fake
         assert res["data"]["echo"] == {"n": 1}
     assert [f["type"] for f in fake.requests()] == ["slow_request", "echo_request"]
     assert [i for i, _ in fake.frames if "__ack" not in _] == [0, 1]
+
+
+async def test_a_reconnect_closed_at_once_with_1008_gives_up_with_the_reason(fake: FakeAgentX) -> None:
+    async with make_client(fake) as client:
+        await client.subscribe(SESSION)  # the reconnect sends a subscribe: it may meet the close
+        await until(lambda: SESSION in fake.live.get(fake.conns[0], set()))
+        fake.refuse_from = 1
+        fake.drop(fake.conns[0])
+        await until(lambda: client.failed is not None)
+        assert isinstance(client.failed, ConnectionRefused)
+        assert (client.failed.code, client.failed.reason) == (1008, "API key revoked")
+        with pytest.raises(ConnectionRefused, match=r"^the server refused the connection: API key revoked"):
+            await client.request("echo")
+        await asyncio.sleep(0.2)  # no more attempts: they would be refused again
+        assert len(fake.conns) == 2
+        assert not client.connected
+
+
+async def test_a_request_on_a_connection_closed_at_once_with_1008_raises_the_reason(fake: FakeAgentX) -> None:
+    fake.refuse_from = 0
+    async with make_client(fake) as client:
+        with pytest.raises(ConnectionRefused) as refused:
+            await client.request("echo")
+        assert (refused.value.code, refused.value.reason) == (1008, "API key revoked")
+    assert len(fake.conns) == 1  # not reconnected
 
 
 async def test_without_reconnect_a_drop_is_final(fake: FakeAgentX) -> None:

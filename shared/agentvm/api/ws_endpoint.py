@@ -8,7 +8,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from agentvm.api.ws_auth import read_auth_frame, timeout_reason
@@ -53,14 +52,13 @@ def queue_close_frame(ws: WebSocket, code: int, reason: str) -> bool:
 
 
 async def refuse_upgrade(ws: WebSocket, reason: str) -> None:
-    """Refuse an upgrade with HTTP 403 and the reason in the API's error shape, where the server can
-    answer an upgrade with a response of its own (ASGI's `websocket.http.response`: uvicorn); else a
-    bare 403 (Starlette's close before accept)."""
-    if "websocket.http.response" in ws.scope.get("extensions", {}):
-        body = {"error": {"code": "unauthorized", "message": reason}}
-        await ws.send_denial_response(JSONResponse(body, status_code=403))
-    else:
-        await ws.close(code=POLICY_VIOLATION, reason=reason)
+    """Refuse a connection whose upgrade carries a bad key: accept it and close it at once with 1008
+    and the reason. A browser's WebSocket API cannot read an HTTP refusal of the upgrade (neither
+    its status nor its body), but it can read a close's code and reason. Nothing of the client's is
+    read and nothing but the close is sent."""
+    await ws.accept()
+    with contextlib.suppress(Exception):
+        await ws.close(code=POLICY_VIOLATION, reason=reason[:120])
 
 
 class WebSocketEndpoint:
@@ -85,7 +83,7 @@ class WebSocketEndpoint:
             principal = await self.principal_for(ws)
             if principal is None and self.auth_frame is None:
                 raise Unauthorized(MISSING_TOKEN)
-        except Unauthorized as exc:  # refused at the upgrade (HTTP 403), before anything is read
+        except Unauthorized as exc:  # refused (1008 and the reason) before anything is read
             log.info("websocket refused", extra={"reason": exc.message})
             await refuse_upgrade(ws, exc.message)
             return

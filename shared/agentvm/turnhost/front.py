@@ -7,7 +7,9 @@ Each accepted upgrade is what `$connect` does, each inbound frame what `$default
 (domain/turn_hosts.py) so that every process can tell where a connection's socket is. What differs
 from API Gateway is only what a socket allows:
 
-* a bad key on the upgrade is refused with HTTP 401 and the reason, as API Gateway does;
+* a bad key on the upgrade is accepted and closed at once with 1008 and the reason, as on
+  `avm serve` (API Gateway can only answer 401, which a browser's WebSocket API cannot read);
+  nothing of the client's is read and nothing but the close is sent;
 * a connection accepted without credentials that sends no `auth` frame within AVM_AUTH_TIMEOUT_S is
   closed (1008, the reason), as on `avm serve`; a refused `auth` frame gets its `system_error`
   frame, then the close (1008);
@@ -50,6 +52,7 @@ log = logging.getLogger("agentvm.turnhost.front")
 
 GOING_AWAY = 1001
 POLICY_VIOLATION = 1008
+INTERNAL_ERROR = 1011
 TRY_AGAIN_LATER = 1013
 MAX_AGE_S = 2 * 3600
 MAX_INFLIGHT = 32  # frames of one connection handled at once
@@ -188,11 +191,11 @@ class HostFront:
             done = await ws_routes.connect(self.rt, cid, dict(ws.headers), dict(ws.query_params), self.metric)
         except Exception:
             log.exception("the upgrade could not be handled")
-            await ws.send_denial_response(PlainTextResponse('{"message": "Internal server error"}', 500))
+            await self._refuse(ws, INTERNAL_ERROR, "Internal server error")
             return
         if done.status != 200:
             self.counts["refused"] += 1
-            await ws.send_denial_response(PlainTextResponse(done.reason, done.status))
+            await self._refuse(ws, POLICY_VIOLATION, done.reason or "unauthorized")
             return
         await ws.accept()
         self.counts["accepted"] += 1
@@ -214,6 +217,13 @@ class HostFront:
                 await ws_routes.disconnect(self.rt, cid)
             except Exception:  # its record expires on its own (TTL)
                 log.exception("a closed connection could not be forgotten", extra={"connection_id": cid})
+
+    @staticmethod
+    async def _refuse(ws: WebSocket, code: int, reason: str) -> None:
+        """Accept and close at once: a browser reads a close's code and reason, not an HTTP refusal."""
+        with contextlib.suppress(Exception):
+            await ws.accept()
+            await asyncio.wait_for(ws.close(code=code, reason=reason[:120]), 2)
 
     async def _read(self, ws: WebSocket, cid: str, sock: _Socket) -> None:
         loop = asyncio.get_running_loop()
