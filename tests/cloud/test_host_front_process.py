@@ -35,6 +35,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from agentvm.adapters.aws.dynamodb_connections import DynamoDBConnections
 from agentvm.adapters.aws.dynamodb_turn_hosts import DynamoDBTurnHosts
 from agentvm.adapters.aws.dynamodb_usage import DynamoDBUsageLedger
 from agentvm.api.ws_auth import timeout_reason
@@ -117,6 +118,14 @@ async def front_host(stack: Stack, **env: str) -> AsyncIterator[FrontHost]:
     assert code in (0, -signal.SIGKILL), path.read_text()[-4000:]
 
 
+async def _subscribers(stack: Stack, session_id: str, n: int, timeout: float = 10.0) -> None:
+    registry = DynamoDBConnections(stack.store)
+    deadline = time.monotonic() + timeout
+    while len(await registry.subscribers(TENANT, session_id)) < n:
+        assert time.monotonic() < deadline, f"the session never had {n} subscribers"
+        await asyncio.sleep(0.05)
+
+
 def _token(stack: Stack) -> str:
     assert stack.edge.token is not None
     return stack.edge.token
@@ -139,6 +148,9 @@ async def test_a_stock_client_on_a_host_gets_the_api_gateway_frames_and_b_gets_t
             assert on_host[-1]["type"] == "turn_response" and on_host[-1]["data"]["status"] == "completed"
 
             await on_b.request("image_get_request", {"imageId": mine["imageId"]})  # subscribes on B
+            # the stock client's `subscribe` frame follows the response unanswered: wait until B's host
+            # has stored it, or A could announce the next message before B is a subscriber
+            await _subscribers(stack, mine["sessionId"], 2)
             start_b, raw_b = len(on_b.events), len(on_b.raw)
             second = await on_a.turn(mine["imageId"], "slow two", timeout=30)
             await on_b.wait_for(lambda e: e.get("type") == "turn_response", 30, start_b)
