@@ -203,7 +203,7 @@ class CloudFrontServer(CloudHostServer):
         return set(self.host.front.sockets.ids())
 
     def drop(self, connection_id: str) -> None:
-        from agentvm.turnhost.front import GOING_AWAY
+        from agentvm.protocol.frames import GOING_AWAY
 
         assert self.host.loop is not None
         asyncio.run_coroutine_threadsafe(self.host.front.sockets.close(connection_id, GOING_AWAY, "Going away"),

@@ -16,7 +16,8 @@ import uvicorn
 from agentvm.adapters.aws.routed_gateway import PeerRefused, RoutedGateway
 from agentvm.domain.turn_hosts import TurnHostRecord, host_connection_id, host_of
 from agentvm.ids import now_ms
-from agentvm.turnhost.front import TRY_AGAIN_LATER, HostSockets
+from agentvm.protocol.frames import TRY_AGAIN_LATER
+from agentvm.turnhost.front import HostSockets
 from agentvm.turnhost.peers import PeerEndpoint
 from tests.support.servers import free_port
 from tests.turnhost.fakes import Directory
@@ -57,9 +58,9 @@ class FakeApi:
 
 
 @contextlib.asynccontextmanager
-async def peer(sockets: HostSockets, token: str) -> AsyncIterator[tuple[int, PeerEndpoint]]:
+async def peer(sockets: HostSockets, token: str, **options: Any) -> AsyncIterator[tuple[int, PeerEndpoint]]:
     port = free_port()
-    endpoint = PeerEndpoint(sockets, token)
+    endpoint = PeerEndpoint(sockets, token, **options)
     server = uvicorn.Server(uvicorn.Config(endpoint, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
     task = asyncio.create_task(server.serve())
     deadline = asyncio.get_running_loop().time() + 10
@@ -130,6 +131,23 @@ async def test_the_internal_endpoint_refuses_without_the_hosts_token_and_deliver
             await empty.close()
     await asyncio.sleep(0.05)
     assert theirs.sent == [] and theirs.closed is None
+
+
+async def test_the_internal_endpoint_refuses_a_frame_above_its_limit_and_delivers_nothing() -> None:
+    there = HostSockets("host-b")
+    theirs = FakeSocket()
+    there._open("h-host-b-1", theirs)  # type: ignore[arg-type]
+    async with peer(there, TOKEN, max_bytes=1024) as (port, endpoint):
+        gateway = RoutedGateway(FakeApi, Directory([record("host-b", port)]))
+        try:
+            with pytest.raises(PeerRefused, match="host-b answered 413"):
+                await gateway.post("h-host-b-1", "x" * 1025)
+            assert await gateway.post("h-host-b-1", "y" * 1024)  # at the limit: delivered
+        finally:
+            await gateway.close()
+        assert endpoint.counts["posted"] == 1
+    await asyncio.sleep(0.05)
+    assert theirs.sent == ["y" * 1024]
 
 
 async def test_a_host_that_is_gone_or_expired_as_of_the_listing_means_its_sockets_are_gone() -> None:

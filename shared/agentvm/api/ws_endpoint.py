@@ -17,12 +17,10 @@ from agentvm.auth.api_keys import MISSING_TOKEN
 from agentvm.domain.models import Principal
 from agentvm.errors import Unauthorized
 from agentvm.ids import connection_id
-from agentvm.protocol.frames import wants_batches
+from agentvm.protocol.frames import POLICY_VIOLATION, TRY_AGAIN_LATER, wants_batches
 
 log = logging.getLogger(__name__)
 
-TRY_AGAIN_LATER = 1013
-POLICY_VIOLATION = 1008
 
 
 def queue_close_frame(ws: WebSocket, code: int, reason: str) -> bool:

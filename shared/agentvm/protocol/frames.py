@@ -13,6 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+# WebSocket close codes (RFC 6455) every front closes with.
+GOING_AWAY = 1001
+POLICY_VIOLATION = 1008
+INTERNAL_ERROR = 1011
+TRY_AGAIN_LATER = 1013
+
 QUERY_PARAM = "frames"
 QUERY_VALUE = "batch"
 # API Gateway bills a WebSocket message per 32 KB unit: a batch never costs more than one.

@@ -178,7 +178,7 @@ class Front:
             self.app = HostFront(rt, self.sockets, healthy=self.healthy)
         else:
             self.app = HostFront(rt, self.sockets, healthy=self.healthy, metric=metrics.metric)
-        self.peers = PeerEndpoint(self.sockets, token)
+        self.peers = PeerEndpoint(self.sockets, token, max_bytes=rt.settings.max_frame_bytes)
         self.servers: list[Any] = []
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -201,7 +201,7 @@ class Front:
             await asyncio.sleep(0.01)
 
     async def stop(self) -> None:
-        from agentvm.turnhost.front import GOING_AWAY
+        from agentvm.protocol.frames import GOING_AWAY
 
         await self.app.drain()
         self.sockets.close_all(GOING_AWAY, "Going away")

@@ -44,16 +44,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from agentvm.api.ws_auth import timeout_reason
 from agentvm.cloud import ws_routes
 from agentvm.domain.turn_hosts import host_connection_id
+from agentvm.protocol.frames import GOING_AWAY, INTERNAL_ERROR, POLICY_VIOLATION, TRY_AGAIN_LATER
 
 if TYPE_CHECKING:
     from agentvm.cloud.runtime import CloudRuntime
 
 log = logging.getLogger("agentvm.turnhost.front")
 
-GOING_AWAY = 1001
-POLICY_VIOLATION = 1008
-INTERNAL_ERROR = 1011
-TRY_AGAIN_LATER = 1013
 MAX_AGE_S = 2 * 3600
 MAX_INFLIGHT = 32  # frames of one connection handled at once
 OVERFLOW_REASON = "client too slow"

@@ -7,7 +7,9 @@ sockets here, shaped like API Gateway's management API:
 
 Every request must carry `Authorization: Bearer <token>`, the random token this host wrote into its
 registry item: anything else is 401 and nothing is delivered. An empty token refuses everything
-(fail closed). Nothing else is served (404); a frame is never logged.
+(fail closed). A body above `max_bytes` (AVM_MAX_FRAME_BYTES, what a socket takes from its client) is
+413, refused by its declared length or cut off while it is read. Nothing else is served (404); a
+frame is never logged.
 """
 
 from __future__ import annotations
@@ -20,16 +22,23 @@ from urllib.parse import unquote
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from agentvm.turnhost.front import POLICY_VIOLATION, HostSockets
+from agentvm.protocol.frames import POLICY_VIOLATION
+from agentvm.turnhost.front import HostSockets
 
 log = logging.getLogger("agentvm.turnhost.peers")
 
 PREFIX = "/@connections/"
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024  # config.py's max_frame_bytes default
+
+
+class _TooLarge(Exception):
+    pass
 
 
 class PeerEndpoint:
-    def __init__(self, sockets: HostSockets, token: str) -> None:
+    def __init__(self, sockets: HostSockets, token: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.sockets = sockets
+        self.max_bytes = max_bytes
         self._expected = f"Bearer {token}".encode() if token else b""
         #: requests by outcome: "posted" | "gone" | "closed" | "refused"
         self.counts: dict[str, int] = {"posted": 0, "gone": 0, "closed": 0, "refused": 0}
@@ -54,7 +63,10 @@ class PeerEndpoint:
             return PlainTextResponse("unauthorized", 401)
         cid = unquote(path[len(PREFIX):])
         if request.method == "POST":
-            body = await request.body()
+            try:
+                body = await self._body(request)
+            except _TooLarge:
+                return PlainTextResponse(f"the frame is larger than {self.max_bytes} bytes", 413)
             try:
                 frame = body.decode()
             except UnicodeDecodeError:
@@ -70,3 +82,15 @@ class PeerEndpoint:
                 return Response(status_code=204)
             return PlainTextResponse("gone", 410)
         return PlainTextResponse("method not allowed", 405)
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            raise _TooLarge
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _TooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)

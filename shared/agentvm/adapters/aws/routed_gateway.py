@@ -31,10 +31,9 @@ from urllib.parse import quote
 from agentvm.domain.turn_hosts import TurnHostRecord, host_of
 from agentvm.ids import now_ms
 from agentvm.ports import TurnHostDirectory
+from agentvm.protocol.frames import POLICY_VIOLATION
 
 log = logging.getLogger(__name__)
-
-POLICY_VIOLATION = 1008
 
 
 class FrameGateway(Protocol):
