@@ -72,12 +72,12 @@ typecheck: $(DEV_STAMP)
 
 # Two workers, whatever the machine (CI has 2 cores); worksteal evens out the few long tests.
 PYTEST_WORKERS ?= 2
-unit: $(DEV_STAMP) sam-cli bubblewrap focus-validator
+unit: $(DEV_STAMP) sam-cli system-packages focus-validator
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The four set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.
 setup:
-	@$(MAKE) --no-print-directory -j4 dev-deps sam-cli bubblewrap focus-validator
+	@$(MAKE) --no-print-directory -j4 dev-deps sam-cli system-packages focus-validator
 
 .PHONY: dev-deps
 dev-deps: $(DEV_STAMP)
@@ -192,16 +192,22 @@ focus-validator: $(FOCUS_VALIDATOR)  ## the FOCUS validator venv .venv-focus (te
 clean-focus:
 	rm -rf $(FOCUS_VENV)
 
-# --- bubblewrap (the tool sandbox: agentvm/adapters/local/local_process.py) ----------------------
-# Best effort, like sam-cli: `make test` still runs (tests/sandbox then skips the bubblewrap checks
-# with the reason). Installs only as root with apt; without it `avm serve` refuses sandbox tools unless it runs
-# as root (docs/security.md).
-.PHONY: bubblewrap
+# --- system packages: bubblewrap (the tool sandbox: agentvm/adapters/local/local_process.py) and
+# chromium (the web console's browser tests: tests/console) ----------------------------------------
+# Best effort, like sam-cli: `make test` still runs (tests/sandbox then skips the bubblewrap checks, and
+# tests/console its browser tests, each with the reason). Installs only what is missing, only as root
+# with apt, in one apt-get (two at once would fight over apt's lock). Without bubblewrap `avm serve`
+# refuses sandbox tools unless it runs as root (docs/security.md).
+.PHONY: system-packages bubblewrap
 
-bubblewrap:
-	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-		echo "[setup] apt-get install bubblewrap (system-wide, as root; the only system package make installs)" && \
-		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+SYSTEM_PACKAGES = $(if $(shell command -v bwrap),,bubblewrap) $(if $(shell command -v chromium),,chromium)
+
+system-packages:
+	@[ -z "$(strip $(SYSTEM_PACKAGES))" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		echo "[setup] apt-get install $(strip $(SYSTEM_PACKAGES)) (system-wide, as root; the only system packages make installs)" && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && \
-		    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
-		echo "bubblewrap could not be installed (not root, no apt or no network?): tests/sandbox will skip its bwrap checks"
+		    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null 2>&1; }; }; } || \
+		echo "$(strip $(SYSTEM_PACKAGES)) could not be installed (not root, no apt or no network?): tests/sandbox and tests/console skip what needs them"
+
+bubblewrap: system-packages

@@ -9,6 +9,7 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -25,6 +26,7 @@ from agentvm.adapters.local.sqlite_keys import SqliteKeys
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 from agentvm.adapters.local.tool_sandbox import ToolSandbox, assess
+from agentvm.api.console_http import CONSOLE_PATH
 from agentvm.api.http_app import HttpApi, create_app
 from agentvm.api.http_callers import HttpCallers
 from agentvm.api.hub_feed import HubFeeds
@@ -60,6 +62,7 @@ from agentvm.tools.provider import WorkspaceTools
 log = logging.getLogger("agentvm.serve")
 
 MAINTENANCE_INTERVAL_S = 60.0
+CONSOLE_DIR = Path(__file__).with_name("console")  # the web console's files (docs/console.md)
 
 
 def build_driver(settings: Settings) -> Driver:
@@ -209,11 +212,13 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
                                                      max_body_bytes=settings.http_max_body_bytes,
                                                      cors_origins=cors_origin_list(settings.cors_origins),
                                                      metrics=lambda: metrics, turn_log=lambda: store,
-                                                     health_extra=tool_sandbox.health))
+                                                     console_dir=CONSOLE_DIR,
+                                                     health_extra=lambda: {"auth": "keys" if keyed else "open",
+                                                                   **tool_sandbox.health()}))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
     runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config,
-                      tool_sandbox=tool_sandbox)
+                      tool_sandbox=tool_sandbox, console_path=CONSOLE_PATH)
     return runtime
 
 

@@ -252,6 +252,14 @@ TABLE: dict[Route, list[Build | Late]] = {
 TENANTLESS: dict[Route, str] = {
     ("GET", "/health"): "liveness: the version only",
     ("GET", "/api/v1/health"): "liveness of the chat API and its store: the version and ok/degraded only",
+    ("GET", "/"): "a redirect to the web console",
+    ("GET", "/console"): "a redirect to the web console",
+    ("GET", "/console/{path:path}"): "the web console's static files: no tenant's data (docs/console.md)",
+}
+# what each of them answers without a key: (the path asked, the status)
+TENANTLESS_ANSWERS: dict[Route, tuple[str, int]] = {
+    ("GET", "/"): ("/", 307), ("GET", "/console"): ("/console", 307),
+    ("GET", "/console/{path:path}"): ("/console/js/app.js", 200),
 }
 
 # the deployment's, not a tenant's (docs/configuration.md, docs/tenancy.md): only an operator key
@@ -581,7 +589,8 @@ async def test_requests_without_a_valid_key_are_refused(tmp_path: Path) -> None:
             checked += 1
         assert checked == len(routes) - len(TENANTLESS)
         for route in TENANTLESS:
-            assert (await w.http.request(route[0], route[1])).status_code == 200, route
+            path, status = TENANTLESS_ANSWERS.get(route, (route[1], 200))
+            assert (await w.http.request(route[0], path)).status_code == status, route
 
         # the deployment's routes: a tenant's user or admin key is refused; an operator key is let in
         _, operator = await mint(SqliteKeys(w.srv.runtime.store), "ops", "operator")

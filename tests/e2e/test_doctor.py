@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
 from decimal import Decimal
 from pathlib import Path
@@ -18,24 +15,11 @@ import httpx
 import pytest
 
 from agentvm import __version__
-from tests.support.servers import REPO, free_port, serve
+from tests.support.servers import avm, create_key, free_port, serve
 
 pytestmark = pytest.mark.e2e
 
 ID = r"[a-z0-9_]+"
-
-
-def avm(*argv: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AVM_", "LLM_", "ANTHROPIC_"))}
-    env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "avm.cli", *argv], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=120)
-
-
-def create_key(data: Path, tenant: str) -> str:
-    done = avm("keys", "create", "--tenant", tenant, "--data-dir", str(data))
-    assert done.returncode == 0, done.stderr
-    return done.stdout.split("token (shown once, keep it secret): ")[1].split()[0]
 
 
 def assert_lines(out: str, patterns: list[str]) -> list[re.Match[str]]:

@@ -165,6 +165,7 @@ def banner_lines(port: int, data: Path) -> list[str]:
             f"  HTTP       http://127.0.0.1:{port}",
             f"  WebSocket  ws://127.0.0.1:{port}/ws",
             f"  API docs   http://127.0.0.1:{port}/docs",
+            f"  Console    http://127.0.0.1:{port}/console/",
             "  LLM        scripted (offline; set LLM_API_KEY to use Anthropic)",
             f"  Data       {data}",
             f"  Log file   {data}/logs/avm.log"]
@@ -180,8 +181,8 @@ def test_console_lines_and_the_banner_with_json_in_the_log_file(tmp_path: Path) 
         pass
     out = srv.log().splitlines()
     start = out.index(f"AgentVM {__version__} is running")
-    assert out[start:start + 7] == banner_lines(srv.port, data)
-    assert out[start + 7].startswith("  Sandbox    ") and out[start + 8] == BANNER_END
+    assert out[start:start + 8] == banner_lines(srv.port, data)
+    assert out[start + 8].startswith("  Sandbox    ") and out[start + 9] == BANNER_END
     migrated = [line for line in out if "database migrated" in line]
     assert len(migrated) == 1 and migrated[0].split(" ", 1)[1] == (
         "INFO    agentvm.adapters.local.sqlite_database  database migrated  from_schema=0 "
@@ -194,7 +195,7 @@ def test_console_lines_and_the_banner_with_json_in_the_log_file(tmp_path: Path) 
     assert {k: startup[k] for k in ("http_url", "ws_url", "docs_url", "console_url", "driver", "model",
                                     "data_dir")} == {
         "http_url": f"http://{base}", "ws_url": f"ws://{base}/ws", "docs_url": f"http://{base}/docs",
-        "console_url": None, "driver": "scripted", "model": None, "data_dir": str(data)}
+        "console_url": f"http://{base}/console/", "driver": "scripted", "model": None, "data_dir": str(data)}
     assert "console" not in startup
     assert len([e for e in entries if e["msg"] == "database migrated"]) == 1
 
@@ -235,7 +236,7 @@ def test_auto_is_console_lines_on_a_terminal(tmp_path: Path) -> None:
     lines = seen.decode().replace("\r\n", "\n").splitlines()
     assert BANNER_END in lines, seen
     start = lines.index(f"AgentVM {__version__} is running")
-    assert lines[start:start + 7] == banner_lines(port, data)
+    assert lines[start:start + 8] == banner_lines(port, data)
     assert not any(line.startswith("{") for line in lines) and "\x1b[" not in seen.decode()  # NO_COLOR
 
 

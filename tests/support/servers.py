@@ -159,3 +159,17 @@ def serve(data_dir: Path, *args: str, **kwargs: Any) -> Iterator[ServeProcess]:
         yield sp
     finally:
         stop_serve(sp)
+
+
+def avm(*argv: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AVM_", "LLM_", "ANTHROPIC_"))}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "avm.cli", *argv], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=120)
+
+
+def create_key(data: Path, tenant: str, *scopes: str) -> str:
+    """A key made with the CLI in `avm serve`'s database before the server starts; its token."""
+    done = avm("keys", "create", "--tenant", tenant, "--data-dir", str(data), *(f"--scope={s}" for s in scopes))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("token (shown once, keep it secret): ")[1].split()[0]

@@ -68,7 +68,10 @@ class HttpApi:
     # `admin_for`), and the store whose turn log /v1/logs reads
     metrics: Callable[[], TurnMetrics] | None = None
     turn_log: Callable[[], Store] | None = None
-    # fields /health adds (avm serve: the tool sandbox when it does not isolate, docs/security.md)
+    # the web console's files (docs/console.md), served under /console/ without a key (None: no console)
+    console_dir: Path | None = None
+    # fields /health adds (avm serve: whether it runs open, and the tool sandbox when it does not
+    # isolate, docs/security.md)
     health_extra: Callable[[], dict[str, Any]] | None = None
     # what is wrong now (avm serve: storage failures); any → /health says "degraded" and lists them
     health_problems: Callable[[], Awaitable[list[str]]] | None = None
@@ -207,6 +210,10 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             from agentvm.api.ops_http import ops_router
 
             include(ops_router(principal_for, metrics=api.metrics, admin_for=admin_for, turn_log=api.turn_log))
+        if api.console_dir is not None:
+            from agentvm.api.console_http import console_router
+
+            include(console_router(api.console_dir))
     app.add_middleware(RequestGate, routes=lambda: routes, public=_public_paths(app), callers=callers,
                        default_caller=principal_for,
                        default_limit=BodyLimit(body_limit, _body_too_large),
