@@ -213,6 +213,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
                                                      cors_origins=cors_origin_list(settings.cors_origins),
                                                      metrics=lambda: metrics, turn_log=lambda: store,
                                                      console_dir=CONSOLE_DIR,
+                                                     console_auth="keys" if keyed else "open",
                                                      health_extra=lambda: {"auth": "keys" if keyed else "open",
                                                                    **tool_sandbox.health()}))
     app.add_api_websocket_route("/ws", endpoint)

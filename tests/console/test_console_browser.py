@@ -4,7 +4,10 @@ keys created and revoked; keyboard only and a phone-sized screen. Screenshots: .
 
 from __future__ import annotations
 
+import functools
+import http.server
 import re
+import threading
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ import httpx
 import pytest
 
 from tests.console.browser import Watched, open_page
-from tests.support.servers import create_key, serve
+from tests.support.servers import REPO, create_key, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +39,7 @@ rules:
           - {id: toolu_01, name: Bash, input: {command: ls -1}, result: "a.txt\\nb.txt"}
       - text: ["Two files: `a.txt` and `b.txt`."]
 """
+CONSOLE = REPO / "local" / "avm" / "console"
 SLOW_REPLY = "Slow story one two three four five six seven eight nine ten the end."
 UNAUTHORIZED = re.compile(r"console error: Failed to load resource: the server responded with a status of 401")
 
@@ -186,3 +190,35 @@ def test_keyboard_only_on_a_phone_sized_screen(tmp_path: Path, browser: Any) -> 
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
         w.shot("phone-chat")
         assert w.problems == []
+
+
+def test_the_files_on_another_host_work_against_a_deployment(tmp_path: Path, browser: Any) -> None:
+    """The console as static files on another origin (as against a cloud stack): it asks for a key and
+    the server's URLs, and the server allows that origin (CORS)."""
+    data = tmp_path / "data"
+    token = create_key(data, "acme", "user", "admin")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(CONSOLE))
+    static = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=static.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{static.server_address[1]}"
+    try:
+        with serve(data, env={"AVM_AUTH": "keys", "AVM_CORS_ORIGINS": origin}) as srv:
+            w = open_page(browser)
+            page = w.page
+            page.goto(f"{origin}/index.html")
+            page.get_by_test_id("api-key").fill(token)
+            page.get_by_text("Server (a cloud deployment").click()
+            page.get_by_test_id("api-url").fill(srv.http)
+            page.get_by_test_id("ws-url").fill(srv.url)
+            page.get_by_test_id("sign-in").click()
+            page.get_by_test_id("new-chat").click()
+            send(w, "hello across origins")
+            wait_turns(w, 1)
+            assert texts(w, "assistant-message") == ["You said: hello across origins"]
+            assert w.problems == []
+    finally:
+        static.shutdown()

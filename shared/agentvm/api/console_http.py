@@ -28,9 +28,13 @@ SECURITY_HEADERS = {
 }
 
 
-def console_router(directory: Path) -> APIRouter:
+def console_router(directory: Path, *, auth: str) -> APIRouter:
+    """`auth`: "open" (no key needed: the page signs in by itself) or "keys". It travels as a header
+    on the console's own files, so the page learns it without a request that can fail (a static host
+    serving the same files has no such header: the page asks for a key)."""
     router = APIRouter(include_in_schema=False)
     files = StaticFiles(directory=directory)
+    headers = {**SECURITY_HEADERS, "X-AgentVM-Auth": auth}
 
     @router.get("/")
     @router.get("/console")
@@ -40,7 +44,7 @@ def console_router(directory: Path) -> APIRouter:
     @router.get("/console/{path:path}")
     async def console_file(path: str, request: Request) -> Response:
         response = await files.get_response(path or "index.html", request.scope)
-        response.headers.update(SECURITY_HEADERS)
+        response.headers.update(headers)
         return response
 
     return router

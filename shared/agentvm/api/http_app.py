@@ -70,6 +70,7 @@ class HttpApi:
     turn_log: Callable[[], Store] | None = None
     # the web console's files (docs/console.md), served under /console/ without a key (None: no console)
     console_dir: Path | None = None
+    console_auth: str = "keys"  # "open": the console signs in without a key (avm serve's open mode)
     # fields /health adds (avm serve: whether it runs open, and the tool sandbox when it does not
     # isolate, docs/security.md)
     health_extra: Callable[[], dict[str, Any]] | None = None
@@ -213,7 +214,7 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         if api.console_dir is not None:
             from agentvm.api.console_http import console_router
 
-            include(console_router(api.console_dir))
+            include(console_router(api.console_dir, auth=api.console_auth))
     app.add_middleware(RequestGate, routes=lambda: routes, public=_public_paths(app), callers=callers,
                        default_caller=principal_for,
                        default_limit=BodyLimit(body_limit, _body_too_large),

@@ -1,6 +1,6 @@
 // The console's shell: sign-in, navigation (#/page/…), one AgentX connection shared by the pages.
 
-import { ApiError, apiBase, forgetSettings, get, saveSettings, settings } from "./api.js";
+import { ApiError, forgetSettings, get, saveSettings, settings } from "./api.js";
 import { AgentX } from "./agentx.js";
 import { clear, field, h, toast } from "./dom.js";
 import * as chat from "./chat.js";
@@ -47,14 +47,10 @@ function signOut(reason) {
 }
 
 async function probeOpen() {
-  // avm serve's /health says whether it runs open (loopback, no keys); another server needs a key.
-  const response = await fetch(`${apiBase("/health")}/health`);
-  if (!response.ok) return false;
-  try {
-    return (await response.json()).auth === "open";
-  } catch {
-    return false; // not avm serve (a static host's page, say): sign in
-  }
+  // avm serve marks the console's own files with its auth mode; a static host serving the same files
+  // does not (then a key and the deployment's URLs are asked for). No request here can fail.
+  const response = await fetch("index.html", { cache: "no-store" });
+  return response.headers.get("x-agentvm-auth") === "open";
 }
 
 function showSignIn(reason) {
