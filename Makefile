@@ -72,12 +72,12 @@ typecheck: $(DEV_STAMP)
 
 # Two workers, whatever the machine (CI has 2 cores); worksteal evens out the few long tests.
 PYTEST_WORKERS ?= 2
-unit: $(DEV_STAMP) sam-cli bubblewrap focus-validator
+unit: $(DEV_STAMP) sam-cli bubblewrap focus-validator mcp-servers
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
-# The four set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.
+# The five set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.
 setup:
-	@$(MAKE) --no-print-directory -j4 dev-deps sam-cli bubblewrap focus-validator
+	@$(MAKE) --no-print-directory -j5 dev-deps sam-cli bubblewrap focus-validator mcp-servers
 
 .PHONY: dev-deps
 dev-deps: $(DEV_STAMP)
@@ -205,3 +205,31 @@ bubblewrap:
 		  { apt-get update -qq >/dev/null 2>&1 && \
 		    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
 		echo "bubblewrap could not be installed (not root, no apt or no network?): tests/sandbox will skip its bwrap checks"
+
+# --- Node.js and the MCP project's Node server (tests/tools/test_mcp_packages.py runs it in the sandbox) ----
+# Best effort, like bubblewrap: without them the tests of real MCP server packages skip with the reason.
+# A sandboxed tool sees /usr and its workspace, not /opt or /home (docs/security.md), so as root the server
+# is installed under /usr/local (the README's MCP example); otherwise into .mcp-node/ here, which the test
+# copies into a workspace. Installed once: the package's own package.json says which version is there.
+MCP_EVERYTHING := @modelcontextprotocol/server-everything
+MCP_EVERYTHING_VERSION ?= 2026.8.31
+MCP_NODE_PREFIX ?= $(if $(filter 0,$(shell id -u)),/usr/local,$(abspath .mcp-node))
+.PHONY: nodejs mcp-servers
+
+nodejs:
+	@command -v node >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		echo "[setup] apt-get install nodejs npm (system-wide, as root; for the Node MCP server tests)" && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && \
+		    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null 2>&1; }; } && \
+		{ command -v npm >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null 2>&1; }; } || \
+		echo "Node.js could not be installed (not root, no apt or no network?): the Node MCP server tests skip"
+
+mcp-servers: nodejs
+	@grep -qs '"version": "$(MCP_EVERYTHING_VERSION)"' \
+		"$(MCP_NODE_PREFIX)/lib/node_modules/$(MCP_EVERYTHING)/package.json" || { command -v npm >/dev/null 2>&1 && \
+		echo "[setup] npm install -g --prefix $(MCP_NODE_PREFIX) $(MCP_EVERYTHING)@$(MCP_EVERYTHING_VERSION)$(if \
+			$(filter /usr/%,$(MCP_NODE_PREFIX)), (system-wide; an MCP server the sandbox can see))" && \
+		umask 022 && npm install -g --prefix "$(MCP_NODE_PREFIX)" --no-audit --no-fund --no-update-notifier \
+			--loglevel=error "$(MCP_EVERYTHING)@$(MCP_EVERYTHING_VERSION)" >/dev/null; } || \
+		echo "$(MCP_EVERYTHING) could not be installed (no npm or no network?): the Node MCP server tests skip"
