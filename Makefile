@@ -206,15 +206,19 @@ bubblewrap:
 		    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
 		echo "bubblewrap could not be installed (not root, no apt or no network?): tests/sandbox will skip its bwrap checks"
 
-# --- Node.js and the MCP project's Node server (tests/tools/test_mcp_packages.py runs it in the sandbox) ----
+# --- MCP server packages (tests/tools/test_mcp_packages.py runs them in the sandbox) ------------------
 # Best effort, like bubblewrap: without them the tests of real MCP server packages skip with the reason.
-# A sandboxed tool sees /usr and its workspace, not /opt or /home (docs/security.md), so as root the server
-# is installed under /usr/local (the README's MCP example); otherwise into .mcp-node/ here, which the test
-# copies into a workspace. Installed once: the package's own package.json says which version is there.
+# A sandboxed tool sees /usr and its workspace, not /opt or /home (docs/security.md), so as root they are
+# installed under /usr/local (the README's MCP example); otherwise into .mcp-servers/ here, which the test
+# copies into a workspace. Each installed once: its package.json (npm) or a stamp in its venv says which
+# version is there. Node: the MCP project's test server, from npm. Python: mcp-server-time, from PyPI, in
+# a venv of /usr/bin/python3 (the interpreter must be under /usr too), installed by our uv.
 MCP_EVERYTHING := @modelcontextprotocol/server-everything
 MCP_EVERYTHING_VERSION ?= 2026.8.31
-MCP_NODE_PREFIX ?= $(if $(filter 0,$(shell id -u)),/usr/local,$(abspath .mcp-node))
-.PHONY: nodejs mcp-servers
+MCP_TIME_VERSION ?= 2026.10.19
+MCP_PREFIX ?= $(if $(filter 0,$(shell id -u)),/usr/local,$(abspath .mcp-servers))
+MCP_TIME_VENV := $(MCP_PREFIX)/lib/mcp-server-time
+.PHONY: nodejs mcp-servers mcp-node-server mcp-python-server
 
 nodejs:
 	@command -v node >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
@@ -225,11 +229,24 @@ nodejs:
 		{ command -v npm >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null 2>&1; }; } || \
 		echo "Node.js could not be installed (not root, no apt or no network?): the Node MCP server tests skip"
 
-mcp-servers: nodejs
+mcp-servers: mcp-node-server mcp-python-server
+
+mcp-node-server: nodejs
 	@grep -qs '"version": "$(MCP_EVERYTHING_VERSION)"' \
-		"$(MCP_NODE_PREFIX)/lib/node_modules/$(MCP_EVERYTHING)/package.json" || { command -v npm >/dev/null 2>&1 && \
-		echo "[setup] npm install -g --prefix $(MCP_NODE_PREFIX) $(MCP_EVERYTHING)@$(MCP_EVERYTHING_VERSION)$(if \
-			$(filter /usr/%,$(MCP_NODE_PREFIX)), (system-wide; an MCP server the sandbox can see))" && \
-		umask 022 && npm install -g --prefix "$(MCP_NODE_PREFIX)" --no-audit --no-fund --no-update-notifier \
+		"$(MCP_PREFIX)/lib/node_modules/$(MCP_EVERYTHING)/package.json" || { command -v npm >/dev/null 2>&1 && \
+		echo "[setup] npm install -g --prefix $(MCP_PREFIX) $(MCP_EVERYTHING)@$(MCP_EVERYTHING_VERSION)$(if \
+			$(filter /usr/%,$(MCP_PREFIX)), (system-wide; an MCP server the sandbox can see))" && \
+		umask 022 && npm install -g --prefix "$(MCP_PREFIX)" --no-audit --no-fund --no-update-notifier \
 			--loglevel=error "$(MCP_EVERYTHING)@$(MCP_EVERYTHING_VERSION)" >/dev/null; } || \
 		echo "$(MCP_EVERYTHING) could not be installed (no npm or no network?): the Node MCP server tests skip"
+
+mcp-python-server: $(UV_STAMP)
+	@grep -qsx 'mcp-server-time==$(MCP_TIME_VERSION)' "$(MCP_TIME_VENV)/.installed" || { [ -x /usr/bin/python3 ] && \
+		echo "[setup] a venv of /usr/bin/python3 in $(MCP_TIME_VENV) with mcp-server-time $(MCP_TIME_VERSION)$(if \
+			$(filter /usr/%,$(MCP_PREFIX)), (system-wide; an MCP server the sandbox can see))" && \
+		umask 022 && rm -rf "$(MCP_TIME_VENV)" && \
+		$(UV_ENV) $(UV) venv --quiet --python /usr/bin/python3 "$(MCP_TIME_VENV)" && \
+		$(UV_ENV) $(UV) pip install --quiet --link-mode copy --python "$(MCP_TIME_VENV)/bin/python" \
+			"mcp-server-time==$(MCP_TIME_VERSION)" && \
+		echo 'mcp-server-time==$(MCP_TIME_VERSION)' > "$(MCP_TIME_VENV)/.installed"; } || \
+		echo "mcp-server-time could not be installed (no /usr/bin/python3 or no network?): its test skips"

@@ -1,13 +1,15 @@
-"""Real MCP server packages on `avm serve` (issue 19, item 9): the MCP project's Node server
-`@modelcontextprotocol/server-everything`, as `make test` installs it (Makefile target `mcp-servers`:
-under /usr/local as root, else in .mcp-node/), answers a model's tool calls
+"""Real MCP server packages on `avm serve` (issue 19, item 9), as `make test` installs them (Makefile
+target `mcp-servers`: under /usr/local as root, else in .mcp-servers/, copied into a workspace here).
+The MCP project's Node server `@modelcontextprotocol/server-everything` answers a model's tool calls
 
 * over stdio, started in the tool sandbox (bubblewrap when it works here) as the container's uid while
   the server runs as root: Node reads its OpenSSL config and the CA roots from the sandbox's /etc;
 * with the README's own stdio example (tests/e2e/test_readme_snippets.py runs the rest of README.md);
-* over streamable HTTP (a remote server: the agent's process connects to it, nothing is sandboxed).
+* over streamable HTTP (a remote server: the agent's process connects to it, nothing is sandboxed);
 
-Without Node.js 18+ or the package, the tests skip and say what `make mcp-servers` would install."""
+and so does the Python server `mcp-server-time` (PyPI) over stdio in the sandbox, which finds the local
+time zone in the sandbox's /etc. Without Node.js 18+ or a package, its tests skip and say what
+`make mcp-servers` would install."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,8 @@ from tests.tools.test_mcp import _descends_from_us
 
 PACKAGE = "@modelcontextprotocol/server-everything"
 VERSION = "2026.8.31"  # the Makefile's MCP_EVERYTHING_VERSION
-PREFIXES = (Path("/usr/local"), REPO / ".mcp-node")  # where `make mcp-servers` installs it (root, others)
+TIME_VERSION = "2026.10.19"  # the Makefile's MCP_TIME_VERSION
+PREFIXES = (Path("/usr/local"), REPO / ".mcp-servers")  # where `make mcp-servers` installs them (root, others)
 ROOT = os.geteuid() == 0
 
 SCRIPT = """
@@ -46,6 +50,10 @@ rules:
     responses:
       - tool_calls: [{id: toolu_sum, name: mcp__everything__get-sum, input: {a: 2, b: 40}}]
       - text: ["Added."]
+  - match: "^time please"
+    responses:
+      - tool_calls: [{id: toolu_time, name: mcp__time__get_current_time, input: {timezone: "Europe/Paris"}}]
+      - text: ["Noted."]
   - match: "^env please"
     responses:
       - tool_calls: [{id: toolu_env, name: mcp__everything__get-env, input: {}}]
@@ -57,6 +65,7 @@ def test_the_makefile_installs_the_version_these_tests_expect() -> None:
     makefile = (REPO / "Makefile").read_text()
     assert f"MCP_EVERYTHING_VERSION ?= {VERSION}\n" in makefile
     assert f"MCP_EVERYTHING := {PACKAGE}\n" in makefile
+    assert f"MCP_TIME_VERSION ?= {TIME_VERSION}\n" in makefile
 
 
 def node() -> str:
@@ -85,6 +94,18 @@ def installed() -> Path:
     pytest.skip(f"{PACKAGE}@{VERSION} is not installed: run `make mcp-servers` (npm, network)")
 
 
+def installed_time_server() -> Path:
+    """The venv holding mcp-server-time of the expected version, or skip with the reason."""
+    for prefix in PREFIXES:
+        venv = prefix / "lib" / "mcp-server-time"
+        try:
+            if (venv / ".installed").read_text().strip() == f"mcp-server-time=={TIME_VERSION}":
+                return venv
+        except OSError:
+            continue
+    pytest.skip(f"mcp-server-time {TIME_VERSION} is not installed: run `make mcp-servers` (uv, network)")
+
+
 def sandboxed() -> None:
     host = probe_host()
     if host.prlimit is None or (ROOT and host.setpriv is None):
@@ -101,6 +122,16 @@ def entry_point(package: Path, workspace: Path) -> str:
     copy = workspace / "mcp" / "server-everything"
     shutil.copytree(package, copy, symlinks=True)
     return str(copy / "dist" / "index.js")
+
+
+def time_server_python(venv: Path, workspace: Path) -> str:
+    """The venv's python as the sandbox sees it: under /usr as installed, else the venv copied into the
+    workspace (its python is a link to /usr/bin/python3; `-m` needs no script with the old path)."""
+    if venv.is_relative_to("/usr"):
+        return str(venv / "bin" / "python")
+    copy = workspace / "mcp" / "mcp-server-time"
+    shutil.copytree(venv, copy, symlinks=True)
+    return str(copy / "bin" / "python")
 
 
 @pytest.fixture
@@ -177,6 +208,29 @@ async def test_a_node_mcp_server_answers_tool_calls_in_the_sandbox(base: Path) -
         await client.request("image_delete_request", {"imageId": image["imageId"]})
         assert srv.runtime.mcp.running() == []
         assert server_processes(entry) == []
+
+
+async def test_a_python_mcp_server_answers_in_the_sandbox(base: Path) -> None:
+    venv = installed_time_server()
+    sandboxed()
+    data = base / "data"
+    async with in_process(data, driver=ScriptedDriver(parse_script(SCRIPT))) as srv, \
+            StockClient(srv.url) as client:
+        workspace = data / "containers" / "c-time" / "workspace"
+        await client.request("container_create_request", {"containerId": "c-time"})
+        python = time_server_python(venv, workspace)
+        image = await client.new_image("c-time", mcpServers={"time": {"command": python,
+                                                                      "args": ["-m", "mcp_server_time"]}})
+        before = datetime.now(UTC)
+        [result] = results(await client.turn(image["imageId"], "time please", timeout=60))
+        assert result["isError"] is False, result
+        got = json.loads(result["result"])
+        assert got["timezone"] == "Europe/Paris"
+        at = datetime.fromisoformat(got["datetime"])
+        assert at.utcoffset() in (timedelta(hours=1), timedelta(hours=2))  # CET or CEST
+        assert before - timedelta(seconds=5) <= at <= datetime.now(UTC) + timedelta(seconds=5)
+        assert len(server_processes("mcp_server_time")) == 1
+    assert srv.runtime.mcp.running() == []
 
 
 async def readme_mcp_servers() -> dict[str, Any]:
