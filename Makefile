@@ -221,7 +221,7 @@ MCP_TIME_VENV := $(MCP_PREFIX)/lib/mcp-server-time
 .PHONY: nodejs mcp-servers mcp-node-server mcp-python-server
 
 nodejs:
-	@command -v node >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		echo "[setup] apt-get install nodejs npm (system-wide, as root; for the Node MCP server tests)" && \
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && \
