@@ -72,12 +72,12 @@ typecheck: $(DEV_STAMP)
 
 # Two workers, whatever the machine (CI has 2 cores); worksteal evens out the few long tests.
 PYTEST_WORKERS ?= 2
-unit: $(DEV_STAMP) sam-cli system-packages focus-validator
+unit: $(DEV_STAMP) sam-cli system-packages focus-validator mcp-servers
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
-# The four set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.
+# The five set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.
 setup:
-	@$(MAKE) --no-print-directory -j4 dev-deps sam-cli system-packages focus-validator
+	@$(MAKE) --no-print-directory -j5 dev-deps sam-cli system-packages focus-validator mcp-servers
 
 .PHONY: dev-deps
 dev-deps: $(DEV_STAMP)
@@ -192,15 +192,17 @@ focus-validator: $(FOCUS_VALIDATOR)  ## the FOCUS validator venv .venv-focus (te
 clean-focus:
 	rm -rf $(FOCUS_VENV)
 
-# --- system packages: bubblewrap (the tool sandbox: agentvm/adapters/local/local_process.py) and
-# chromium (the web console's browser tests: tests/console) ----------------------------------------
+# --- system packages: bubblewrap (the tool sandbox: agentvm/adapters/local/local_process.py),
+# chromium (the web console's browser tests: tests/console), Node.js and npm (the Node MCP server's
+# tests: tests/tools/test_mcp_packages.py) ---------------------------------------------------------
 # Best effort, like sam-cli: `make test` still runs (tests/sandbox then skips the bubblewrap checks, and
-# tests/console its browser tests, each with the reason). Installs only what is missing, only as root
+# tests/console and the Node MCP tests theirs, each with the reason). Installs only what is missing, only as root
 # with apt, in one apt-get (two at once would fight over apt's lock). Without bubblewrap `avm serve`
 # refuses sandbox tools unless it runs as root (docs/security.md).
 .PHONY: system-packages bubblewrap
 
-SYSTEM_PACKAGES = $(if $(shell command -v bwrap),,bubblewrap) $(if $(shell command -v chromium),,chromium)
+SYSTEM_PACKAGES = $(if $(shell command -v bwrap),,bubblewrap) $(if $(shell command -v chromium),,chromium) \
+	$(if $(shell command -v node),,nodejs) $(if $(shell command -v npm),,npm)
 
 system-packages:
 	@[ -z "$(strip $(SYSTEM_PACKAGES))" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
@@ -208,6 +210,44 @@ system-packages:
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && \
 		    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null 2>&1; }; }; } || \
-		echo "$(strip $(SYSTEM_PACKAGES)) could not be installed (not root, no apt or no network?): tests/sandbox and tests/console skip what needs them"
+		echo "$(strip $(SYSTEM_PACKAGES)) could not be installed (not root, no apt or no network?): the tests that need them skip"
 
 bubblewrap: system-packages
+
+# --- MCP server packages (tests/tools/test_mcp_packages.py runs them in the sandbox) ------------------
+# Best effort, like bubblewrap: without them the tests of real MCP server packages skip with the reason.
+# A sandboxed tool sees /usr and its workspace, not /opt or /home (docs/security.md), so as root they are
+# installed under /usr/local (the README's MCP example); otherwise into .mcp-servers/ here, which the test
+# copies into a workspace. Each installed once: its package.json (npm) or a stamp in its venv says which
+# version is there. Node: the MCP project's test server, from npm. Python: mcp-server-time, from PyPI, in
+# a venv of /usr/bin/python3 (the interpreter must be under /usr too), installed by our uv.
+MCP_EVERYTHING := @modelcontextprotocol/server-everything
+MCP_EVERYTHING_VERSION ?= 2026.8.31
+MCP_TIME_VERSION ?= 2026.10.19
+MCP_PREFIX ?= $(if $(filter 0,$(shell id -u)),/usr/local,$(abspath .mcp-servers))
+MCP_TIME_VENV := $(MCP_PREFIX)/lib/mcp-server-time
+.PHONY: nodejs mcp-servers mcp-node-server mcp-python-server
+
+nodejs: system-packages
+
+mcp-servers: mcp-node-server mcp-python-server
+
+mcp-node-server: nodejs
+	@grep -qs '"version": "$(MCP_EVERYTHING_VERSION)"' \
+		"$(MCP_PREFIX)/lib/node_modules/$(MCP_EVERYTHING)/package.json" || { command -v npm >/dev/null 2>&1 && \
+		echo "[setup] npm install -g --prefix $(MCP_PREFIX) $(MCP_EVERYTHING)@$(MCP_EVERYTHING_VERSION)$(if \
+			$(filter /usr/%,$(MCP_PREFIX)), (system-wide; an MCP server the sandbox can see))" && \
+		umask 022 && npm install -g --prefix "$(MCP_PREFIX)" --no-audit --no-fund --no-update-notifier \
+			--loglevel=error "$(MCP_EVERYTHING)@$(MCP_EVERYTHING_VERSION)" >/dev/null; } || \
+		echo "$(MCP_EVERYTHING) could not be installed (no npm or no network?): the Node MCP server tests skip"
+
+mcp-python-server: $(UV_STAMP)
+	@grep -qsx 'mcp-server-time==$(MCP_TIME_VERSION)' "$(MCP_TIME_VENV)/.installed" || { [ -x /usr/bin/python3 ] && \
+		echo "[setup] a venv of /usr/bin/python3 in $(MCP_TIME_VENV) with mcp-server-time $(MCP_TIME_VERSION)$(if \
+			$(filter /usr/%,$(MCP_PREFIX)), (system-wide; an MCP server the sandbox can see))" && \
+		umask 022 && rm -rf "$(MCP_TIME_VENV)" && \
+		$(UV_ENV) $(UV) venv --quiet --python /usr/bin/python3 "$(MCP_TIME_VENV)" && \
+		$(UV_ENV) $(UV) pip install --quiet --link-mode copy --python "$(MCP_TIME_VENV)/bin/python" \
+			"mcp-server-time==$(MCP_TIME_VERSION)" && \
+		echo 'mcp-server-time==$(MCP_TIME_VERSION)' > "$(MCP_TIME_VENV)/.installed"; } || \
+		echo "mcp-server-time could not be installed (no /usr/bin/python3 or no network?): its test skips"

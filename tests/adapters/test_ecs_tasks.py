@@ -246,6 +246,39 @@ async def test_worker_register_beat_pending_done_finish(store: DynamoDBStore, ec
     await worker.done([])
 
 
+async def test_a_deleted_images_mcp_servers_reach_the_live_task_only(store: DynamoDBStore, ecs: Ecs,
+                                                                       tier: EcsContainerTier) -> None:
+    clock = clock_of(store)
+    # no task: nothing runs its servers, so nothing is written
+    assert await tier.stop_mcp_servers("t1", "c1", {("files", "f1")}) is False
+    assert await record(store) == {}
+    assert await tier.stop_mcp_servers("t1", "c1", set()) is False
+
+    await tier.start("t1", "c1", "s1")
+    worker = ContainerTaskRecord(store, "t1", "c1", "task-1")
+    assert await worker.register(60)
+    assert await tier.stop_mcp_servers("t1", "c1", {("files", "f1"), ("web", "f2")}) is True
+    assert await tier.stop_mcp_servers("t1", "c1", {("files", "f1")}) is True  # a set: once
+    assert await tier.stop_mcp_servers("t1", "c2", {("files", "f1")}) is False  # another container
+    assert set((await record(store))["stop_mcp"]["SS"]) == {"files:f1", "web:f2"}
+    # one read gives the worker both: the sessions to serve and the servers to stop
+    work = await worker.poll()
+    assert (work.pending, work.stop_mcp) == ({"s1"}, {("files", "f1"), ("web", "f2")})
+    await worker.stopped({("files", "f1")})
+    assert (await worker.poll()).stop_mcp == {("web", "f2")}
+    await worker.stopped({("web", "f2")})
+    assert "stop_mcp" not in await record(store)  # DynamoDB drops the emptied set
+    await worker.done({"s1"})
+    assert await worker.finish() is True
+
+    # a task whose heartbeat expired runs nothing any more: no write
+    await tier.start("t1", "c1", "s2")
+    assert await worker.register(60)
+    clock.now += 61
+    assert await tier.stop_mcp_servers("t1", "c1", {("files", "f1")}) is False
+    assert "stop_mcp" not in await record(store)
+
+
 async def test_register_takes_over_an_expired_owner_or_a_missing_record(store: DynamoDBStore) -> None:
     clock = clock_of(store)
     first = ContainerTaskRecord(store, "t1", "c1", "task-1")

@@ -5,6 +5,7 @@ the tools in the container's workspace, pushes it to S3 and exits when idle."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from agentvm.adapters.aws.botocore_async import new_client
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.ecs_tasks import container_task_pk
+from agentvm.adapters.local.local_process import probe_host
 from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.config import Settings
@@ -26,6 +28,8 @@ from agentvm.worker.__main__ import serve
 from tests.aws_fixtures import REGION
 from tests.support.cloud_edge import CloudEdge, cloud_edge
 from tests.support.stock_client import StockClient
+from tests.tools.test_mcp import _exists, gone
+from tests.tools.test_mcp_turns import server_config
 from tests.tools.test_tool_turns import SCRIPT as TOOL_SCRIPT
 from tests.tools.test_tool_turns import tool_turn_types
 
@@ -33,6 +37,10 @@ SCRIPT = TOOL_SCRIPT + """
   - match: "^just chat"
     responses:
       - text: ["Hello."]
+  - match: "^who are you"
+    responses:
+      - tool_calls: [{id: toolu_who, name: mcp__fixture__whoami, input: {}}]
+      - text: ["Noted."]
 """
 TENANT = "tenant-ct"
 TENANT_ROLE_ARN = "arn:aws:iam::123456789012:role/agentvm-tenant-worker"
@@ -163,3 +171,37 @@ async def test_a_tool_turn_escalates_to_one_task_that_resumes_it_and_exits_when_
         assert [m["subtype"] for m in history][1:10] == [
             "assistant", "user", "tool-call", "assistant", "tool-result", "tool-call", "tool-result", "tool-call",
             "tool-result"]
+
+
+async def test_deleting_an_image_stops_its_mcp_servers_in_the_container_task(
+        cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = probe_host()
+    if host.prlimit is None or (os.geteuid() == 0 and host.setpriv is None):
+        pytest.skip("util-linux's prlimit (and setpriv as root) are needed to start a sandboxed server")
+    # the fixture server lies outside /usr: the uid and the rlimits confine it, not bubblewrap; the task
+    # stays long enough after the turn for the delete to reach it (it exits after idling 8 s)
+    monkeypatch.setenv("AVM_SANDBOX_ISOLATION", "none")
+    monkeypatch.setenv("AVM_UNSAFE_UNSANDBOXED_TOOLS", str(os.geteuid() != 0).lower())
+    monkeypatch.setenv("AVM_WORKER_IDLE_S", "8")
+    async with StockClient(cloud.edge.url, ack=False) as client:
+        image = await client.new_image("c-mcp", mcpServers={"fixture": server_config(cloud.data)})
+        start = len(client.events)
+        # a turn of an image with a stdio server starts in the container tier: its task starts the server
+        await client.request("message_send_request", {"imageId": image["imageId"], "content": "who are you"})
+        await cloud.edge.settle(include_invokes=True)
+        worker = asyncio.get_running_loop().create_task(run_worker(monkeypatch, "c-mcp"))
+        await client.wait_for(lambda e: e.get("type") == "turn_response", 20, start)
+        [result] = [e["data"] for e in client.events[start:] if e.get("type") == "tool_result"]
+        pid = json.loads(result["result"])["pid"]
+        assert _exists(pid)
+
+        await client.request("image_delete_request", {"imageId": image["imageId"]})
+        await cloud.edge.settle()
+        # the delete asked the live task (its record) to stop the server, and the task did, while it runs on
+        assert await gone(pid, within_s=5)
+        assert not worker.done()
+        item = await cloud.store.client.get_item(
+            TableName=cloud.store.table_name, ConsistentRead=True,
+            Key={"PK": {"S": container_task_pk(TENANT, "c-mcp")}, "SK": {"S": "CTASK"}})
+        assert "stop_mcp" not in item["Item"]  # taken off the record once stopped
+        assert await worker == 1

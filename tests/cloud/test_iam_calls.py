@@ -28,12 +28,14 @@ from httpx_sse import aconnect_sse
 from agentvm.adapters.aws.botocore_async import dummy_session
 from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
+from agentvm.adapters.aws.ecs_tasks import ContainerTaskRecord
 from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
 from agentvm.domain.models import TurnStatus
 from agentvm.hosting.turn_sweep import SWEEP_GRACE_MS
 from agentvm.ids import now_ms
 from tests.aws_fixtures import REGION, moto_table, put_new_key, without_agentvm_env
+from tests.cloud.test_container_tier import TENANT as CONTAINER_TENANT
 from tests.cloud.test_container_tier import Cloud as ContainerCloud
 from tests.cloud.test_container_tier import cloud, data
 from tests.cloud.test_handlers import http_event
@@ -365,6 +367,26 @@ async def test_chat_turn_escalating_to_the_container_tier_makes_only_allowed_cal
     refused = denied(RECORDER.calls("chat_turn"), template, Stack(**{**stack.__dict__,
                                                                      "conditions": {"HasWorkerImage": False}}))
     assert [p.split(" on ")[0] for p in refused] == ["chat_turn: ecs:RunTask", "chat_turn: ecs:TagResource"]
+
+
+async def test_deleting_an_image_asks_the_live_container_task_with_allowed_calls(
+        cloud: ContainerCloud, template: dict[str, Any]) -> None:
+    """ws_default deletes an image with a stdio MCP server while the container's task runs: it writes
+    the server onto the task's record (`stop_mcp`), with a call its role allows."""
+    [definition] = (await cloud.ecs.list_task_definitions())["taskDefinitionArns"][-1:]
+    task = ContainerTaskRecord(cloud.store, CONTAINER_TENANT, "c-iam-mcp", "task-iam")
+    assert await task.register(60)  # the container's task is live
+    async with StockClient(cloud.edge.url, ack=False) as client:
+        image = await client.new_image("c-iam-mcp", mcpServers={"files": {"command": "/usr/bin/true"}})
+        before = len(recorded("ws_default"))
+        await client.request("image_delete_request", {"imageId": image["imageId"]})
+        await cloud.edge.settle()
+    [(name, _)] = (await task.poll()).stop_mcp
+    assert name == "files"
+    assert "dynamodb:UpdateItem" in {f"{c.service}:{c.operation}" for c in recorded("ws_default")[before:]}
+    stack = Stack(name="avm-iam-ct", table=cloud.store.table_name, bucket=cloud.bucket, worker_cluster=cloud.cluster,
+                  worker_task_definition=definition)
+    assert_allowed(template, stack, "ws_connect", "ws_default")
 
 
 # ------------------------------------------------------------------------------------ the check can fail

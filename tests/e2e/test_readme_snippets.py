@@ -69,6 +69,9 @@ NOT_RUN = {
                                          "streams in tests/billing/test_recorded_streams.py",
     AGENTX: "needs the npm package agentxjs, which make test does not install; the stock client's requests run "
             "in tests/e2e/test_serve.py (StockClient); syntax-checked with `node --check` when node is installed",
+    "npm install -g --prefix /usr/local @modelcontextprotocol/server-everything@2026.8.31":
+        "installs system-wide (network); `make test` runs this very install (Makefile target mcp-servers, as root) "
+        "and tests/tools/test_mcp_packages.py runs the README's server with it in the sandbox",
     "make sam-build": "builds the Lambda artifacts for AWS (minutes, network); tests/template checks the template",
     ".venv-sam/bin/sam deploy --guided": "interactive, deploys to an AWS account",
     ".venv/bin/uv sync --locked --inexact --extra aws": "changes the venv running the tests; make test "
@@ -309,7 +312,7 @@ def test_the_readme_quick_start_runs_literally(tmp_path: Path) -> None:
             assert os.geteuid() != 0 and "sandbox_unavailable" in str(refused.response), refused
         else:
             got = httpx.get(f"{srv.http}/v1/images/{coder}", timeout=10).json()
-            assert (got["name"], got["mcpServers"]) == ("Coder", ["files", "search"])
+            assert (got["name"], got["mcpServers"]) == ("Coder", ["everything", "search"])
             assert got["tools"] == ["bash", "read_file", "write_file", "edit_file", "list_files"]
 
         for _ in range(2):

@@ -4,12 +4,13 @@ sessions: what it serves, when it may exit, and that no escalated session is lef
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
+from agentvm.adapters.aws.ecs_tasks import TaskWork
 from agentvm.hosting.session_worker import SessionWorker
 from agentvm.worker.container_worker import ContainerWorker, WorkerOptions
 
@@ -20,6 +21,7 @@ class Record:
         self.calls: list[str] = []
         self.arrive_at_finish: set[str] = set()  # sessions escalated just before the first finish
         self.beat_ok = True
+        self.stop_set: set[tuple[str, str]] = set()  # MCP servers of deleted images
 
     async def register(self, ttl_s: int) -> bool:
         self.calls.append("register")
@@ -29,8 +31,12 @@ class Record:
         self.calls.append("beat")
         return self.beat_ok
 
-    async def pending(self) -> set[str]:
-        return set(self.pending_set)
+    async def poll(self) -> TaskWork:
+        return TaskWork(set(self.pending_set), set(self.stop_set))
+
+    async def stopped(self, servers: Collection[tuple[str, str]]) -> None:
+        self.calls.append(f"stopped:{','.join(sorted(name for name, _ in servers))}")
+        self.stop_set -= set(servers)
 
     async def done(self, session_ids: set[str]) -> None:
         self.calls.append(f"done:{','.join(sorted(session_ids))}")
@@ -166,3 +172,23 @@ async def test_stop_ends_after_the_current_session_and_releases_with_work_left()
     assert sessions.runs == ["s1"]
     assert record.calls == ["register", "done:s1", "release"]
     assert disk.calls[-1] == "unmount"
+
+
+async def test_mcp_servers_of_a_deleted_image_are_stopped_before_serving_on() -> None:
+    record, disk = Record({"s1"}), Disk()
+    record.stop_set = {("files", "f1"), ("web", "f2")}
+    sessions = FakeSessions(record)
+    asked: list[set[tuple[str, str]]] = []
+
+    async def stop_mcp(servers: set[tuple[str, str]]) -> int:
+        asked.append(servers)
+        assert sessions.runs == []  # before the pending session is served
+        return 1
+
+    w = ContainerWorker(tenant_id="t", container_id="c", record=record, disk=cast(Any, disk),
+                        session_worker=sessions.factory, session_exists=sessions.exists,
+                        options=WorkerOptions(idle_s=0.05, heartbeat_ttl_s=60, poll_s=0.01), stop_mcp=stop_mcp)
+    assert await w.run() == 1
+    assert asked == [{("files", "f1"), ("web", "f2")}]  # once: then removed from the record
+    assert record.calls == ["register", "stopped:files,web", "done:s1", "finish:True"]
+    assert record.stop_set == set()

@@ -34,7 +34,7 @@ from agentvm.adapters.aws.s3_blobs import S3BlobStore
 from agentvm.adapters.aws.s3_history_archive import S3HistoryArchive
 from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
-from agentvm.domain.models import LoggedEvent, Turn
+from agentvm.domain.models import Image, LoggedEvent, Turn
 from agentvm.engine.history_cache import HistoryCache
 from agentvm.errors import InvalidRequest
 from agentvm.ids import lease_owner
@@ -323,6 +323,7 @@ class CloudRuntime:
         else:
             deps = RuntimePorts(store=store, fanout=fanout, driver=driver, options=self.options(driver),
                                 offline_llm=self.settings.llm_api_key is None and not self.settings.llm_secret_arn)
+        deps.image_deleted = self.image_deleted
         if driver is not None:
             deps.turn_options = self.config  # each turn takes the current configuration
             deps.meter = self.meter
@@ -369,6 +370,23 @@ class CloudRuntime:
                                 region_name=s.aws_region)
             self._workspace_disk = S3Disk(s.bucket, workspaces, blobs.s3)
         return self._workspace_disk
+
+    async def stop_mcp_servers(self, tenant_id: str, container_id: str, servers: set[tuple[str, str]]) -> int:
+        """The container task: stop these (name, config fingerprint) MCP servers of a deleted image."""
+        if self._sandbox is None:
+            return 0
+        return int(await self._sandbox.mcp.stop_servers((tenant_id, container_id), servers))
+
+    async def image_deleted(self, image: Image) -> None:
+        """A deleted image's MCP servers that no other image of its container uses are stopped in the
+        container's task, when one runs (`EcsContainerTier.stop_mcp_servers`)."""
+        tier = self.container_tier
+        if tier is None or not image.config.get("mcpServers"):
+            return
+        from agentvm.tools.catalog import released_servers
+
+        if servers := await released_servers(self.store, image):
+            await tier.stop_mcp_servers(image.tenant_id, image.container_id, servers)
 
     async def close_sandbox(self) -> None:
         """Stop the container task's MCP servers."""

@@ -35,6 +35,18 @@ def mcp_servers(image: Image) -> dict[str, McpServerConfig]:
     return parse_mcp_servers(image.config.get("mcpServers"))
 
 
+async def released_servers(store: Store | None, image: Image) -> set[tuple[str, str]]:
+    """The MCP servers, as (name, config fingerprint), that a deleted image leaves without a user: not
+    the ones another image of its container runs with the same config (they share the connection)."""
+    servers = mcp_servers(image)
+    if not servers:
+        return set()
+    others = await store.list_images(image.tenant_id, image.container_id) if store is not None else []
+    kept = {(cfg.name, config_fingerprint(cfg)) for other in others if other.image_id != image.image_id
+            for cfg in mcp_servers(other).values()}
+    return {(cfg.name, config_fingerprint(cfg)) for cfg in servers.values()} - kept
+
+
 class StdioSchemas:
     """The tool lists of stdio MCP servers as their container last listed them, by tenant and config,
     and the start failures of the ones that did not start. A failure is trusted for `retry_s`: until

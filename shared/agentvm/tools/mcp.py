@@ -767,9 +767,9 @@ class McpPool:
         """The keys of the running connections."""
         return [key for key, conn in self._connections.items() if conn.running]
 
-    async def stop_servers(self, key_prefix: tuple[str, str], servers: Iterable[McpServerConfig]) -> int:
-        """Stop these servers of container `key_prefix` (its image was deleted); how many were connected."""
-        keys = {(*key_prefix, cfg.name, config_fingerprint(cfg)) for cfg in servers}
+    async def stop_servers(self, key_prefix: tuple[str, str], servers: Iterable[tuple[str, str]]) -> int:
+        """Stop these (name, config fingerprint) servers of container `key_prefix`; how many were connected."""
+        keys = {(*key_prefix, name, fingerprint) for name, fingerprint in servers}
         stopping = [self._connections.pop(key) for key in keys & self._connections.keys()]
         await asyncio.gather(*(conn.stop() for conn in stopping))
         return len(stopping)

@@ -24,9 +24,9 @@ from agentvm.sandbox.runtime import Runtime, tool_env
 from agentvm.sandbox.uids import ToolUids, hand_over
 from agentvm.sandbox.workspace import Workspace
 from agentvm.tools.builtin import DEFAULT_PREVIEW_BYTES, JSON, BuiltinTools
-from agentvm.tools.catalog import StdioSchemas, enabled_builtins, mcp_servers
+from agentvm.tools.catalog import StdioSchemas, enabled_builtins, mcp_servers, released_servers
 from agentvm.tools.knowledge import knowledge_tools
-from agentvm.tools.mcp import McpPool, config_fingerprint
+from agentvm.tools.mcp import McpPool
 from agentvm.tools.resource_tools import http_tools
 
 log = logging.getLogger(__name__)
@@ -118,14 +118,8 @@ class WorkspaceTools:
     async def release(self, image: Image) -> int:
         """Stop the MCP servers of a deleted image, but not one that another image of its container uses
         with the same config (they share the connection); how many were stopped."""
-        servers = mcp_servers(image)
-        if not servers:
-            return 0
-        others = await self.store.list_images(image.tenant_id, image.container_id) if self.store else []
-        kept = {(cfg.name, config_fingerprint(cfg)) for other in others if other.image_id != image.image_id
-                for cfg in mcp_servers(other).values()}
-        gone = [cfg for cfg in servers.values() if (cfg.name, config_fingerprint(cfg)) not in kept]
-        return await self.mcp.stop_servers((image.tenant_id, image.container_id), gone)
+        gone = await released_servers(self.store, image)
+        return await self.mcp.stop_servers((image.tenant_id, image.container_id), gone) if gone else 0
 
     async def _owner(self, image: Image, root: Path) -> tuple[int, int] | None:
         """The container's own (uid, gid) when the server runs as root, else None (tools run as us)."""

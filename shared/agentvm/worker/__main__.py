@@ -102,10 +102,14 @@ def container_worker(rt: CloudRuntime, tenant_id: str, container_id: str, task_i
     async def session_exists(session_id: str) -> bool:
         return await rt.store.get_session(tenant_id, session_id) is not None
 
+    async def stop_mcp(servers: set[tuple[str, str]]) -> int:
+        return await rt.stop_mcp_servers(tenant_id, container_id, servers)
+
     record = ContainerTaskRecord(rt.store, tenant_id, container_id, task_id)
     return ContainerWorker(tenant_id=tenant_id, container_id=container_id, record=record, disk=disk,
                            session_worker=session_worker, session_exists=session_exists,
-                           options=WorkerOptions(idle_s=s.worker_idle_s, heartbeat_ttl_s=s.worker_heartbeat_ttl_s))
+                           options=WorkerOptions(idle_s=s.worker_idle_s, heartbeat_ttl_s=s.worker_heartbeat_ttl_s),
+                           stop_mcp=stop_mcp)
 
 
 async def serve(settings: Settings) -> int:

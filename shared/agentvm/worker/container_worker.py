@@ -10,7 +10,8 @@ session is marked handled, while the lease still keeps new escalations of that s
 beats the heartbeat while alive, and exits after `idle_s` without work, through the record's
 `finish` (which fails, and the loop goes on, if a session arrived in the meantime); the workspace is
 synced before, and unmounted at exit. SIGTERM (ECS stopping the task) ends the loop after the
-current session.
+current session. The same read of the record names the MCP servers of images deleted meanwhile: the
+worker stops them (`stop_mcp`) before serving on.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from agentvm.hosting.session_worker import SessionWorker
 
 if TYPE_CHECKING:
+    from agentvm.adapters.aws.ecs_tasks import TaskWork
     from agentvm.ports import Disk
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,8 @@ log = logging.getLogger(__name__)
 class TaskRecord(Protocol):
     async def register(self, ttl_s: int) -> bool: ...
     async def beat(self, ttl_s: int) -> bool: ...
-    async def pending(self) -> set[str]: ...
+    async def poll(self) -> TaskWork: ...
+    async def stopped(self, servers: Collection[tuple[str, str]]) -> None: ...
     async def done(self, session_ids: set[str]) -> None: ...
     async def finish(self) -> bool: ...
     async def release(self) -> bool: ...
@@ -50,7 +53,8 @@ class WorkerOptions:
 class ContainerWorker:
     def __init__(self, *, tenant_id: str, container_id: str, record: TaskRecord, disk: Disk,
                  session_worker: Callable[[Callable[[str], Awaitable[None]]], SessionWorker],
-                 session_exists: Callable[[str], Awaitable[bool]], options: WorkerOptions | None = None) -> None:
+                 session_exists: Callable[[str], Awaitable[bool]], options: WorkerOptions | None = None,
+                 stop_mcp: Callable[[set[tuple[str, str]]], Awaitable[int]] | None = None) -> None:
         self.tenant_id = tenant_id
         self.container_id = container_id
         self.record = record
@@ -58,6 +62,7 @@ class ContainerWorker:
         self.session_worker = session_worker
         self.session_exists = session_exists
         self.options = options or WorkerOptions()
+        self.stop_mcp = stop_mcp  # stops (name, config fingerprint) MCP servers of this container
         self._stop = asyncio.Event()
         self._lost = False
         self.handled: list[str] = []  # sessions served, in order (tests, logs)
@@ -87,7 +92,10 @@ class ContainerWorker:
         try:
             idle_since = time.monotonic()
             while not self._stop.is_set() and not self._lost:
-                sessions = await self.record.pending()
+                work = await self.record.poll()
+                if work.stop_mcp:
+                    await self._stop_servers(work.stop_mcp)
+                sessions = work.pending
                 if sessions:
                     for session_id in sorted(sessions):
                         if self._stop.is_set() or self._lost:
@@ -115,6 +123,13 @@ class ContainerWorker:
                 await self.record.release()  # the next escalation starts a new task at once
         log.info("container worker exits", extra={**extra, "turns": turns, "sessions": len(self.handled)})
         return turns
+
+    async def _stop_servers(self, servers: set[tuple[str, str]]) -> None:
+        """The MCP servers of deleted images: stopped, then removed from the record."""
+        stopped = await self.stop_mcp(servers) if self.stop_mcp is not None else 0
+        await self.record.stopped(servers)
+        log.info("mcp servers of deleted images stopped", extra={
+            "tenant_id": self.tenant_id, "container_id": self.container_id, "count": stopped})
 
     async def _serve(self, session_id: str) -> int:
         async def handled(sid: str) -> None:

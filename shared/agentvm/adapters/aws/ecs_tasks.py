@@ -13,6 +13,7 @@ container, and which sessions wait for it, is one item of the AgentVM table:
 | task_until        | epoch ms: the claim or heartbeat is live while `task_until > now`              |
 | task_arn, task_started_at | the last task RunTask started, and when (epoch ms; informational)      |
 | last_start_error  | the reason of the last failed RunTask (informational)                         |
+| stop_mcp (SS)     | MCP servers (`name:fingerprint`) of deleted images the task must stop; absent when empty |
 
 States:
 
@@ -47,16 +48,23 @@ Why no escalated session is ever stranded:
   the session's lease, so a new escalation of that session (which needs the lease) cannot fall
   between its last look at the session and the removal.
 
+Deleting an image whose MCP servers no other image of the container runs: `stop_mcp_servers` ADDs
+them to `stop_mcp` only while a task is live or starting (one conditional write; none runs: nothing
+to stop, and the write fails harmlessly). The worker's `poll` reads `stop_mcp` with `pending` (the same
+read), stops those servers of its pool, then `stopped` DELETEs them from the set.
+
 Request counts: `start` 1 W when a task is live, else 3 W + 1 RunTask (ADD, claim, record the ARN;
 a failed RunTask: release instead of record). Worker: `register`/`beat`/`done`/`finish` 1 W each,
-`pending` 1 strongly consistent R.
+`poll` (`pending`) 1 strongly consistent R; `stopped` 1 W after an image delete. Image delete: 1 W
+when it leaves MCP servers without a user.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -98,6 +106,18 @@ class EcsClientSource(Protocol):
 def container_task_pk(tenant_id: str, container_id: str) -> str:
     return f"CTASK#{_k(tenant_id)}#{_k(container_id)}"
 
+
+def _server_keys(servers: Iterable[tuple[str, str]]) -> list[str]:
+    """(name, config fingerprint) pairs as `stop_mcp` strings (a server name holds no ':')."""
+    return sorted({f"{name}:{fingerprint}" for name, fingerprint in servers})
+
+
+@dataclass(frozen=True, slots=True)
+class TaskWork:
+    """What one read of the record gives the worker: sessions to serve, MCP servers to stop."""
+
+    pending: set[str] = field(default_factory=set)
+    stop_mcp: set[tuple[str, str]] = field(default_factory=set)  # (name, config fingerprint)
 
 class EcsContainerTier:
     """`ContainerTier`: make sure the container's task runs, and queue the session for it."""
@@ -166,6 +186,24 @@ class EcsContainerTier:
             if not _conditional_failed(exc):  # gone already: the task ran and finished
                 raise
         log.info("container task started", extra={**extra, "task_arn": arn})
+
+    async def stop_mcp_servers(self, tenant_id: str, container_id: str, servers: Collection[tuple[str, str]]) -> bool:
+        """Ask the container's live (or starting) task to stop these (name, config fingerprint) MCP servers
+        of a deleted image. False: no task runs, so none of them runs either."""
+        if not servers:
+            return False
+        try:
+            await self.store.client.update_item(
+                TableName=self.store.table_name, Key=_key(container_task_pk(tenant_id, container_id), SK),
+                UpdateExpression="ADD stop_mcp :s", ConditionExpression="task_until > :now",
+                ExpressionAttributeValues={":s": {"SS": _server_keys(servers)}, ":now": _n(self._now_ms())})
+        except ClientError as exc:
+            if _conditional_failed(exc):
+                return False
+            raise
+        log.info("container task asked to stop MCP servers",
+                 extra={"tenant_id": tenant_id, "container_id": container_id, "count": len(servers)})
+        return True
 
     async def _run_task(self, key: Item, claim: str, tenant_id: str, container_id: str,
                         extra: Mapping[str, str]) -> str:
@@ -259,12 +297,24 @@ class ContainerTaskRecord:
         return await self._update("SET task_until = :u", "task_owner = :me",
                                   {":me": _s(self.task_id), ":u": _n(self._now_ms() + ttl_s * 1000)})
 
+    async def poll(self) -> TaskWork:
+        """The sessions waiting for this container and the MCP servers to stop (a strongly consistent read)."""
+        resp = await self.store.client.get_item(TableName=self.store.table_name, Key=self._key,
+                                                ProjectionExpression="pending, stop_mcp", ConsistentRead=True)
+        item = resp.get("Item", {})
+        pending, stop = item.get("pending"), item.get("stop_mcp")
+        servers = {(name, fingerprint) for name, _, fingerprint in (k.partition(":") for k in stop["SS"])} \
+            if stop else set()
+        return TaskWork(set(pending["SS"]) if pending else set(), servers)
+
     async def pending(self) -> set[str]:
         """The sessions waiting for this container (a strongly consistent read)."""
-        resp = await self.store.client.get_item(TableName=self.store.table_name, Key=self._key,
-                                                ProjectionExpression="pending", ConsistentRead=True)
-        value = resp.get("Item", {}).get("pending")
-        return set(value["SS"]) if value else set()
+        return (await self.poll()).pending
+
+    async def stopped(self, servers: Collection[tuple[str, str]]) -> None:
+        """Remove MCP servers the worker has stopped from `stop_mcp`."""
+        if servers:
+            await self._update("DELETE stop_mcp :d", "attribute_exists(PK)", {":d": {"SS": _server_keys(servers)}})
 
     async def done(self, session_ids: Collection[str]) -> None:
         """Remove handled sessions from `pending` (call it while still holding each session's lease)."""
