@@ -338,3 +338,42 @@ async def test_what_cannot_be_translated_is_refused_before_any_call(server: Stub
     assert (error.code, error.retryable, error.field) == ("invalid_request_error", False, field)
     assert text in error.message
     assert server.requests == []
+
+
+async def test_streams_wait_on_the_drivers_own_threads(server: StubServer, driver: BedrockConverseDriver) -> None:
+    """A stream waiting for the model holds a thread of the driver's own pool, not one of the loop's
+    default executor (min(32, cores + 4) threads), which `asyncio.to_thread` users and DNS lookups
+    need: with more waiting streams than that executor has threads, it still answers at once."""
+    from tests.fakes.http_stub import Stub
+
+    slow = br.text_reply(["slow"])
+    waiting = 40  # more than the default executor's threads on any machine
+    server.enqueue(*[Stub(slow.status, slow.headers, (b"", *slow.pieces), delay_s=0.4) for _ in range(waiting)])
+    loop = asyncio.get_running_loop()
+
+    streams = [asyncio.ensure_future(_collect(driver)) for _ in range(waiting)]
+    async with asyncio.timeout(10):
+        while len(server.requests) < waiting:  # noqa: ASYNC110 (the server's thread records them)
+            await asyncio.sleep(0.02)  # then every stream is waiting for its first event
+    started = loop.time()
+    await asyncio.to_thread(lambda: None)
+    elapsed = loop.time() - started
+    results = await asyncio.gather(*streams)
+
+    assert all(TextDelta("slow") in events for events in results)
+    assert elapsed < 0.3, elapsed
+
+
+async def test_a_consumer_that_stops_early_releases_the_stream(server: StubServer,
+                                                               driver: BedrockConverseDriver) -> None:
+    server.enqueue(br.text_reply(["one", "two", "three"]), br.text_reply(["again"]))
+
+    async with asyncio.timeout(10):
+        stream = driver.stream(_request())
+        async for event in stream:
+            if isinstance(event, TextDelta):
+                break
+        await stream.aclose()
+        events = await _collect(driver)
+
+    assert TextDelta("again") in events and len(server.requests) == 2

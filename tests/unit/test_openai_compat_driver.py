@@ -364,3 +364,28 @@ async def test_what_cannot_be_translated_is_refused_before_any_call(server: Stub
     assert (error.code, error.retryable, error.field) == ("invalid_request_error", False, field)
     assert text in error.message
     assert server.requests == []
+
+
+async def test_a_refusal_streams_as_text(server: StubServer, driver: OpenAICompatDriver) -> None:
+    server.enqueue(oa.stream([oa.chunk({"role": "assistant", "content": None, "refusal": ""}),
+                              oa.chunk({"refusal": "I can't help"}), oa.chunk({"refusal": " with that."}),
+                              oa.finish_chunk("stop"), oa.usage_chunk(9, 6)]))
+
+    events = await _collect(driver)
+
+    assert events[1:3] == [TextDelta("I can't help"), TextDelta(" with that.")]
+
+
+async def test_a_consumer_that_stops_early_releases_the_stream(server: StubServer,
+                                                               driver: OpenAICompatDriver) -> None:
+    server.enqueue(oa.text_reply(["one", "two", "three"]), oa.text_reply(["again"]))
+
+    async with asyncio.timeout(10):
+        stream = driver.stream(_request())
+        async for event in stream:
+            if isinstance(event, TextDelta):
+                break
+        await stream.aclose()
+        events = await _collect(driver)
+
+    assert TextDelta("again") in events and len(server.requests) == 2

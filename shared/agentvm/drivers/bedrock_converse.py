@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -81,20 +82,25 @@ class BedrockConverseDriver:
         self._max_concurrency = max(1, max_concurrency)
         self._session = session
         self._client = client
+        self._client_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
         return f"BedrockConverseDriver(region={self._region!r}, endpoint_url={self._endpoint_url!r})"
 
     def _get_client(self) -> Any:
-        if self._client is None:
-            session = self._session or botocore.session.get_session()
-            config = botocore.config.Config(read_timeout=self._timeout_s, connect_timeout=self._connect_timeout_s,
-                                            retries={"total_max_attempts": 1, "mode": "standard"},
-                                            max_pool_connections=self._max_concurrency)
-            self._client = session.create_client("bedrock-runtime", region_name=self._region,
-                                                 endpoint_url=self._endpoint_url, config=config)
-        return self._client
+        with self._client_lock:  # called on the pool's threads: one client, made once
+            if self._client is None:
+                self._client = self._new_client()
+            return self._client
+
+    def _new_client(self) -> Any:
+        session = self._session or botocore.session.get_session()
+        config = botocore.config.Config(read_timeout=self._timeout_s, connect_timeout=self._connect_timeout_s,
+                                        retries={"total_max_attempts": 1, "mode": "standard"},
+                                        max_pool_connections=self._max_concurrency)
+        return session.create_client("bedrock-runtime", region_name=self._region,
+                                     endpoint_url=self._endpoint_url, config=config)
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._executor is None:
@@ -127,7 +133,8 @@ class BedrockConverseDriver:
             retries += 1
 
     async def _attempt(self, params: dict[str, Any], model: str) -> AsyncGenerator[DriverEvent, None]:
-        response = await self._run(self._get_client().converse_stream, **params)
+        # the client is made (and the credentials resolved) on the pool's thread, not the loop's
+        response = await self._run(lambda: self._get_client().converse_stream(**params))
         request_id = str(response.get("ResponseMetadata", {}).get("RequestId") or "")
         mapper = ConverseMapper(model, f"msg_bdrk_{request_id}" if request_id else "msg_bdrk")
         event_stream = response["stream"]

@@ -304,10 +304,11 @@ class ChunkMapper:
                 hidden = delta.get(key)
                 if isinstance(hidden, str) and hidden:
                     events.append(HiddenOutput(len(hidden.encode())))
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                self._close_open(events)
-                events.append(TextDelta(text))
+            for key in ("content", "refusal"):  # a refusal's text is the reply the user sees
+                text = delta.get(key)
+                if isinstance(text, str) and text:
+                    self._close_open(events)
+                    events.append(TextDelta(text))
             calls = delta.get("tool_calls")
             for call in calls if isinstance(calls, list) else ():
                 if isinstance(call, Mapping):
