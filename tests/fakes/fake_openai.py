@@ -2,8 +2,8 @@
 lines, tool-call arguments in fragments, the finish chunk, the `include_usage` chunk with empty
 `choices`, then `data: [DONE]`), and OpenAI's error bodies, for `tests.fakes.http_stub.StubServer`.
 
-The chunk shapes follow a recorded `gpt-4o-mini` stream (ids, `system_fingerprint`, `logprobs`,
-`refusal`, `usage: null` on every chunk but the last).
+The chunk shapes follow recorded OpenAI streams (2026: `service_tier`, `system_fingerprint`,
+`logprobs`, `refusal`, the `obfuscation` padding, `usage: null` on every chunk but the last).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ CREATED = 1764150000
 def chunk(delta: JSON | None = None, *, finish: str | None = None, chat_id: str = "chatcmpl-AbC123",
           model: str = MODEL, choices: bool = True) -> JSON:
     return {"id": chat_id, "object": "chat.completion.chunk", "created": CREATED, "model": model,
-            "system_fingerprint": "fp_560af6e559",
+            "service_tier": "default", "system_fingerprint": "fp_560af6e559",
             "choices": [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}]
             if choices else [],
-            "usage": None}
+            "usage": None, "obfuscation": "Qup1BsQ3"}
 
 
 def role_chunk(**kw: Any) -> JSON:
