@@ -389,3 +389,28 @@ async def test_a_consumer_that_stops_early_releases_the_stream(server: StubServe
         events = await _collect(driver)
 
     assert TextDelta("again") in events and len(server.requests) == 2
+
+
+async def test_presets_name_the_provider_and_pick_the_max_tokens_field(server: StubServer) -> None:
+    server.enqueue(oa.text_reply(["a"]), oa.text_reply(["b"]),
+                   oa.error(401, f"Incorrect API key provided: {API_KEY}", code="invalid_api_key"))
+    openai_drv = OpenAICompatDriver.for_provider("openai", API_KEY, base_url=server.base_url, max_retries=0)
+    ollama = OpenAICompatDriver.for_provider("ollama", None, base_url=server.base_url)
+    try:
+        await _collect(openai_drv)
+        await _collect(ollama)
+        _, error = await _until_error(openai_drv)
+    finally:
+        await openai_drv.aclose()
+        await ollama.aclose()
+
+    assert (openai_drv.name, ollama.name) == ("openai", "ollama")
+    first, second, _ = (r.json for r in server.requests)
+    assert first["max_completion_tokens"] == 256 and "max_tokens" not in first
+    assert second["max_tokens"] == 256 and "max_completion_tokens" not in second
+    assert error.message == "Incorrect API key provided: [redacted]"
+    assert OpenAICompatDriver.for_provider("deepseek", "k")._url == "https://api.deepseek.com/v1/chat/completions"
+    with pytest.raises(ValueError, match="base_url: required for the OpenAI-compatible provider 'together'"):
+        OpenAICompatDriver.for_provider("together", "k")
+    custom = OpenAICompatDriver.for_provider("together", "k", base_url="https://api.together.xyz/v1")
+    assert (custom.name, custom._url) == ("together", "https://api.together.xyz/v1/chat/completions")

@@ -39,6 +39,15 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _RETRYABLE_IN_STREAM = frozenset({"server_error", "api_error", "rate_limit_exceeded", "rate_limit_error",
                                   "overloaded_error", "timeout", "internal_error", "service_unavailable"})
 
+# What differs between the well-known OpenAI-compatible upstreams (docs/providers.md); a catalog entry
+# for one of them is its name, a key and, for a self-hosted server, its base URL.
+PRESETS: dict[str, dict[str, Any]] = {
+    "openai": {"base_url": DEFAULT_BASE_URL, "label": "OpenAI", "max_tokens_field": "max_completion_tokens"},
+    "deepseek": {"base_url": "https://api.deepseek.com/v1", "label": "DeepSeek"},
+    "vllm": {"base_url": "http://127.0.0.1:8000/v1", "label": "vLLM"},
+    "ollama": {"base_url": "http://127.0.0.1:11434/v1", "label": "Ollama"},
+}
+
 _LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 
 # Sleeps between attempts go through here (tests replace it to observe the delays).
@@ -86,6 +95,19 @@ class OpenAICompatDriver:
         self._include_usage = include_usage
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def for_provider(cls, name: str, api_key: str | None, *, base_url: str | None = None,
+                     **options: Any) -> OpenAICompatDriver:
+        """A driver for a known upstream (`PRESETS`), or any other `name` with its `base_url`."""
+        preset = dict(PRESETS.get(name, {}))
+        if base_url is None and "base_url" not in preset:
+            raise ValueError(f"base_url: required for the OpenAI-compatible provider {name!r} "
+                             f"(known without one: {', '.join(sorted(PRESETS))})")
+        if base_url is not None:
+            preset["base_url"] = base_url
+        preset.setdefault("label", name)
+        return cls(api_key, name=name, **{**preset, **options})
 
     def __repr__(self) -> str:
         return f"OpenAICompatDriver(name={self.name!r}, base_url={self._base_url!r})"
