@@ -187,3 +187,39 @@ async def test_a_tool_turn_through_each_provider(tmp_path: Path,
         assert last["messages"][-1]["content"] == [{"toolResult": {
             "toolUseId": "call_r", "content": [{"text": WRITE["content"]}], "status": "success"}}]
         assert [t["toolSpec"]["name"] for t in last["toolConfig"]["tools"]] == ["read_file", "write_file"]
+
+
+@pytest.mark.parametrize("kind", ["openai", "bedrock"])
+async def test_a_stream_that_breaks_bills_the_output_streamed(tmp_path: Path, kind: str,
+                                                               aws_env: None) -> None:  # noqa: F811
+    """Cut after "Hello there" (11 bytes): the call is billed that output, estimated (docs/billing.md).
+    These providers report usage only at the end of the stream, so no input count exists yet: the
+    record holds 0 input tokens (Anthropic reports its input in message_start)."""
+    with StubServer() as server:
+        driver: Driver
+        if kind == "openai":
+            from agentvm.drivers.openai_compat import OpenAICompatDriver
+
+            server.enqueue(oa.stream([oa.role_chunk(), *oa.text_chunks(["Hello", " there"])], done=False, cut=True))
+            driver = OpenAICompatDriver("sk-proj-k", base_url=server.base_url, max_retries=0)
+        else:
+            from agentvm.drivers.bedrock_converse import BedrockConverseDriver
+
+            server.enqueue(br.stream([br.message_start(), *br.text(0, ["Hello", " there"])[:2]], cut=True))
+            driver = BedrockConverseDriver(region="us-east-1", endpoint_url=server.base_url, max_retries=0,
+                                           session=botocore.session.Session())
+        async with in_process(tmp_path / "data", driver=driver) as srv, StockClient(srv.url) as client:
+            image = await client.new_image("c-cut")
+            events = await client.turn(image["imageId"], "hello")
+            meter = srv.runtime.services.deps.meter
+            assert meter is not None
+            records = await meter.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+        aclose = getattr(driver, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    errors = [e["data"] for e in events if e["type"] == "error_occurred"]
+    assert errors and errors[0]["code"] == "connection_error", events
+    [record] = [r for r in records if "#llm#" in r.record_id]
+    assert (record.provider, record.usage, record.estimated, record.status) == (
+        kind, Usage(0, len("Hello there")), True, "failed")
