@@ -179,7 +179,13 @@ async def test_http_errors(server: StubServer, driver: BedrockConverseDriver, st
 
     assert events == []
     assert (error.code, error.retryable) == (expected, retryable)
-    assert error.message == "Bedrock: The upstream says no."
+    if expected == "permission_error":  # AWS's text names the role and account: not passed on
+        assert error.message == (f"Bedrock: {aws_code}: the deployment's AWS role may not call this model, or "
+                                 "access to it is not enabled in the Bedrock console")
+    elif expected == "authentication_error":
+        assert error.message == f"Bedrock: {aws_code}: the deployment's AWS credentials were refused"
+    else:
+        assert error.message == "Bedrock: The upstream says no."
 
 
 async def test_an_exception_event_mid_stream(server: StubServer, driver: BedrockConverseDriver) -> None:
@@ -255,7 +261,7 @@ async def test_stubbed_client_error_and_missing_credentials(monkeypatch: pytest.
         await drv.aclose()
         stubber.assert_no_pending_responses()
     assert (error.code, error.retryable) == ("permission_error", False)
-    assert "specified model ID" in error.message
+    assert "specified model ID" not in error.message and error.message.startswith("Bedrock: AccessDeniedException: ")
 
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")

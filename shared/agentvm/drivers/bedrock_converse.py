@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,7 @@ from agentvm.drivers.bedrock_wire import ConverseMapper, converse_params
 from agentvm.errors import UpstreamError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Error code (lower-cased: HTTP errors say "ThrottlingException", stream events "throttlingException")
 # → (our code, retryable).
@@ -165,7 +167,15 @@ def upstream_error(exc: Exception) -> UpstreamError:
         if not code:
             retryable = isinstance(status, int) and (status == 429 or status >= 500)
             code = "rate_limit_error" if status == 429 else "api_error" if retryable else "upstream_error"
-        message = str(error.get("Message") or "") or f"Bedrock error {aws_code or status}"
+        if code in ("permission_error", "authentication_error"):
+            # AWS's text names the deployment's role and account: kept for the operator's log only.
+            log.warning("Bedrock refused the call", extra={"aws_error_code": aws_code,
+                                                           "aws_message": str(error.get("Message") or "")})
+            message = (f"{aws_code}: the deployment's AWS role may not call this model, or access to it is "
+                       "not enabled in the Bedrock console" if code == "permission_error"
+                       else f"{aws_code}: the deployment's AWS credentials were refused")
+        else:
+            message = str(error.get("Message") or "") or f"Bedrock error {aws_code or status}"
         return UpstreamError(f"Bedrock: {message}", code=code, retryable=retryable)
     if isinstance(exc, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError):
         return UpstreamError("Bedrock: no AWS credentials were found (the role, environment or profile)",

@@ -206,7 +206,11 @@ class OpenAICompatDriver:
             code = CODE_BY_STATUS.get(status, "api_error" if status >= 500 else "upstream_error")
             retryable = status in (408, 409, 429) or status >= 500
         message = error.get("message")
-        if not isinstance(message, str) or not message:
+        if status in (401, 403):
+            # The upstream's text names the operator's key (masked) or account: not for the caller.
+            detail = f": {upstream_code}" if isinstance(upstream_code, str) and upstream_code else ""
+            message = f"{self._label} refused the configured credentials (HTTP {status}{detail})"
+        elif not isinstance(message, str) or not message:
             message = f"{self._label} answered HTTP {status}"
         return UpstreamError(redact(message, self._api_key), code=code, retryable=retryable)
 
