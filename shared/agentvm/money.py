@@ -98,3 +98,42 @@ def cost_of(usage: Usage, model: str, *, markup: Decimal = DEFAULT_MARKUP,
     list_cost = raw.quantize(COST_QUANTUM, rounding=ROUND_HALF_UP)
     billed = (raw * markup).quantize(COST_QUANTUM, rounding=ROUND_HALF_UP)
     return Cost(list=list_cost, billed=billed)
+
+
+# List prices of models on other providers, for the model catalog (issue 20), keyed
+# `provider/model-prefix` as the catalog names them; read with `price_for(f"{provider}/{model}",
+# PROVIDER_PRICES)`, so a served snapshot name (`gpt-4o-mini-2024-07-18`) finds its family. The
+# Anthropic table and its logic above are separate and unchanged. A prefix is listed only where no
+# pricier model shares it (hence `gpt-4o-2024-05-13` apart, and no bare `gpt-5`).
+# Sources: OpenAI https://openai.com/api/pricing (standard tier; cache read = "cached input"; OpenAI
+# has no cache-write charge, so cache write = input), and Amazon Bedrock
+# https://aws.amazon.com/bedrock/pricing/ (on-demand, us-east-1; Claude cache write 1.25 × input and
+# read 0.1 × input; geographic `us.` profiles of Claude 4.5 models cost 10 % more than `global.`;
+# Nova has no cache-write price, so input is charged: never under-bill). Figures as those pages list
+# them in 2026 (compiled on the date below); the operator's prices in the config center override them.
+PROVIDER_PRICES_TAKEN_ON = "2026-11-26"
+PROVIDER_PRICES: dict[str, ModelPrice] = {
+    "openai/gpt-4o-mini": ModelPrice(Decimal("0.15"), Decimal("0.60"), Decimal("0.15"), Decimal("0.075")),
+    "openai/gpt-4o": ModelPrice(Decimal("2.50"), Decimal("10"), Decimal("2.50"), Decimal("1.25")),
+    "openai/gpt-4o-2024-05-13": ModelPrice(Decimal("5"), Decimal("15"), Decimal("5"), Decimal("5")),
+    "openai/gpt-4.1": ModelPrice(Decimal("2"), Decimal("8"), Decimal("2"), Decimal("0.50")),
+    "openai/gpt-4.1-mini": ModelPrice(Decimal("0.40"), Decimal("1.60"), Decimal("0.40"), Decimal("0.10")),
+    "openai/gpt-4.1-nano": ModelPrice(Decimal("0.10"), Decimal("0.40"), Decimal("0.10"), Decimal("0.025")),
+    "openai/gpt-5-mini": ModelPrice(Decimal("0.25"), Decimal("2"), Decimal("0.25"), Decimal("0.025")),
+    "bedrock/anthropic.claude-3-5-haiku": ModelPrice(Decimal("0.80"), Decimal("4"), Decimal("1"), Decimal("0.08")),
+    "bedrock/us.anthropic.claude-3-5-haiku": ModelPrice(Decimal("0.80"), Decimal("4"), Decimal("1"),
+                                                        Decimal("0.08")),
+    "bedrock/global.anthropic.claude-haiku-4-5": ModelPrice(Decimal("1"), Decimal("5"), Decimal("1.25"),
+                                                            Decimal("0.10")),
+    "bedrock/us.anthropic.claude-haiku-4-5": ModelPrice(Decimal("1.10"), Decimal("5.50"), Decimal("1.375"),
+                                                        Decimal("0.11")),
+    "bedrock/amazon.nova-micro-v1": ModelPrice(Decimal("0.035"), Decimal("0.14"), Decimal("0.035"),
+                                               Decimal("0.00875")),
+    "bedrock/amazon.nova-lite-v1": ModelPrice(Decimal("0.06"), Decimal("0.24"), Decimal("0.06"), Decimal("0.015")),
+    "bedrock/amazon.nova-pro-v1": ModelPrice(Decimal("0.80"), Decimal("3.20"), Decimal("0.80"), Decimal("0.20")),
+    "bedrock/us.amazon.nova-micro-v1": ModelPrice(Decimal("0.035"), Decimal("0.14"), Decimal("0.035"),
+                                                  Decimal("0.00875")),
+    "bedrock/us.amazon.nova-lite-v1": ModelPrice(Decimal("0.06"), Decimal("0.24"), Decimal("0.06"),
+                                                 Decimal("0.015")),
+    "bedrock/us.amazon.nova-pro-v1": ModelPrice(Decimal("0.80"), Decimal("3.20"), Decimal("0.80"), Decimal("0.20")),
+}

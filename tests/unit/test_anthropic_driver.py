@@ -744,3 +744,23 @@ async def test_fake_runs_standalone_with_a_script(tmp_path: Path, make_driver: M
             proc.terminate()
         await asyncio.wait_for(proc.wait(), 10)
     assert proc.returncode == 0  # SIGTERM is a clean shutdown
+
+
+async def test_tool_choice_and_stop_sequences_are_sent(fake: FakeAnthropic, driver: Driver) -> None:
+    fake.enqueue(Reply([Text("ok")]))
+    tools = [{"name": "look", "input_schema": {"type": "object", "properties": {}}}]
+
+    await _collect(driver, _request(tools=tools, tool_choice={"type": "tool", "name": "look"},
+                                    stop_sequences=["END", "STOP"]))
+
+    body = fake.requests[0].body
+    assert body["tool_choice"] == {"type": "tool", "name": "look"}
+    assert body["stop_sequences"] == ["END", "STOP"]
+
+
+async def test_unset_tool_choice_and_stop_sequences_are_left_out(fake: FakeAnthropic, driver: Driver) -> None:
+    fake.enqueue(Reply([Text("ok")]))
+
+    await _collect(driver)
+
+    assert "tool_choice" not in fake.requests[0].body and "stop_sequences" not in fake.requests[0].body

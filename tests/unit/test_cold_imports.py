@@ -89,3 +89,12 @@ def test_the_aws_adapters_load_neither_aioboto3_nor_aiohttp() -> None:
         print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
     """)
     assert _run(code) == []
+
+
+@pytest.mark.parametrize("module", ["agentvm.drivers.openai_compat", "agentvm.drivers.bedrock_converse"])
+def test_the_other_upstream_drivers_load_no_vendor_sdk(module: str) -> None:
+    """The OpenAI-compatible and Bedrock drivers speak their wire formats themselves (httpx, botocore):
+    neither the `anthropic` nor the `openai` SDK is loaded."""
+    report = _REPORT.replace(repr(FORBIDDEN), repr((*FORBIDDEN, "openai")))
+    assert report != _REPORT
+    assert _run(f"import {module}\n" + report) == []

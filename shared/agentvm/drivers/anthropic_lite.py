@@ -130,6 +130,10 @@ def request_body(request: LLMRequest) -> JSON:
         body["tools"] = request.tools
     if request.temperature is not None:
         body["temperature"] = request.temperature
+    if request.tool_choice is not None:
+        body["tool_choice"] = request.tool_choice
+    if request.stop_sequences:
+        body["stop_sequences"] = request.stop_sequences
     body["stream"] = True
     return body
 

@@ -16,7 +16,7 @@ from typing import cast
 
 import anthropic
 import httpx2
-from anthropic.types import MessageParam, ToolUnionParam
+from anthropic.types import MessageParam, ToolChoiceParam, ToolUnionParam
 
 from agentvm.domain.models import Usage
 from agentvm.drivers.anthropic_common import (
@@ -95,6 +95,8 @@ class AnthropicDriver:
             messages=cast("list[MessageParam]", request.messages),
             system=request.system if request.system is not None else omit,
             tools=cast("list[ToolUnionParam]", request.tools) if request.tools else omit,
+            tool_choice=cast("ToolChoiceParam", request.tool_choice) if request.tool_choice is not None else omit,
+            stop_sequences=request.stop_sequences or omit,
             # This SDK's signature has no `temperature`; the API still takes it in the body.
             extra_body={"temperature": request.temperature} if request.temperature is not None else None,
             stream=True,

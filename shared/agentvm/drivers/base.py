@@ -23,6 +23,10 @@ class LLMRequest:
     system: str | None = None
     tools: list[JSON] = field(default_factory=list)
     temperature: float | None = None
+    # Anthropic's shapes: {"type": "auto" | "any" | "none"} or {"type": "tool", "name": ...}, and the
+    # stop sequences; None / empty: the provider's default (agent turns set neither).
+    tool_choice: JSON | None = None
+    stop_sequences: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
