@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from tests.support.scripts import reference_driver
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient
 
+REPO = Path(__file__).resolve().parents[2]
 T0 = 1_800_000_000_000  # a whole minute
 
 
@@ -168,6 +172,19 @@ def test_exposition_is_prometheus_clients_per_registry_and_negotiated() -> None:
     assert [s.value for s in om["avm_turns"].samples] == [3.0]
     # an Accept the library cannot read is the client's problem: the default format, not a 500
     assert exposition(a, "application/openmetrics-text; version=abc")[1] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_prometheus_client_loads_at_the_first_scrape_only() -> None:
+    # ops_http and the metrics are on the cloud functions' cold path, which never serve /metrics
+    code = ("import sys, agentvm.api.ops_http, agentvm.services.metrics as m\n"
+            "assert 'prometheus_client' not in sys.modules\n"
+            "from agentvm.services.prometheus import prometheus_text\n"
+            "text = prometheus_text(m.TurnMetrics())\n"
+            "assert '# TYPE avm_turns_total counter' in text and 'avm_turns_total{' not in text  # no turn yet\n"
+            "assert 'prometheus_client' in sys.modules\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("shared", "local", "client"))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 # ---- end to end --------------------------------------------------------------------------------
