@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import orjson
+from httpx_sse import EventSource, SSEError
 
 from agentvm.config import ClientSettings
 from agentvm.errors import InvalidRequest
@@ -296,13 +297,11 @@ class Doctor:
                     await res.aread()
                     fix = _key_fix(self.token) if res.status_code in (401, 403) else "see the server's log"
                     raise StepFailed(f"POST /api/v1/chat/completions: {_error_text(res)}", fix)
-                event = "message"
-                async for line in res.aiter_lines():
-                    if line.startswith("event:"):
-                        event = line[6:].strip()
-                    elif line.startswith("data:"):
-                        events.append((event, orjson.loads(line[5:].strip())))
-                        event = "message"
+                async for sse in EventSource(res).aiter_sse():
+                    events.append((sse.event, orjson.loads(sse.data)))
+        except SSEError:  # a 200 that is no event stream: not the chat_stream address
+            raise StepFailed(f"POST /api/v1/chat/completions answered {res.headers.get('content-type')!r}, not "
+                             "text/event-stream", "is --stream-url right (a stack: ChatStreamUrl)?") from None
         except httpx.HTTPError as exc:
             if not events:
                 raise _unreachable(self.where.stream, exc) from None

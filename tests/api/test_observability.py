@@ -6,11 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
+import prometheus_client
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentvm.domain.models import Turn, TurnStatus, Usage
@@ -18,11 +23,13 @@ from agentvm.domain.usage import model_family
 from agentvm.errors import InvalidRequest
 from agentvm.logs import REDACTED, setup_logging
 from agentvm.services.metrics import TurnMetrics, parse_window, percentile
+from agentvm.services.prometheus import exposition, prometheus_text
 from tests.api.test_keys_http import bearer, cli, token_of
 from tests.support.scripts import reference_driver
 from tests.support.servers import in_process
 from tests.support.stock_client import StockClient
 
+REPO = Path(__file__).resolve().parents[2]
 T0 = 1_800_000_000_000  # a whole minute
 
 
@@ -126,9 +133,58 @@ def test_labels_are_a_few_known_values() -> None:
         "none", "none", "scripted", "claude-opus", "claude-haiku", "claude-sonnet", "claude-other", "other", "other"]
     m = TurnMetrics()
     m.observe_turn(turn(model="my-own-model-abc123", tier="weird_tier_xyz"), None)
-    families = {f.name: f for f in text_string_to_metric_families(m.prometheus())}
+    families = {f.name: f for f in text_string_to_metric_families(prometheus_text(m))}
     [sample] = families["avm_turns"].samples
     assert sample.labels == {"tier": "other", "status": "completed", "model_family": "other"}
+
+
+def test_exposition_is_prometheus_clients_per_registry_and_negotiated() -> None:
+    clock = Clock()
+    a, b = TurnMetrics(clock=clock), TurnMetrics(clock=clock)
+    for i, ms in enumerate((40, 300, 7_000)):
+        a.observe_turn(turn(n=i, ms=ms), 120)
+    a.observe_budget_overrun("claude-sonnet-4-5")
+    b.observe_turn(turn(model="claude-3-5-haiku-latest", status=TurnStatus.FAILED), None)
+
+    body, content_type = exposition(a)
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert {(s.name, s.labels["le"], s.value) for s in families["avm_turn_duration_seconds"].samples
+            if s.labels.get("le") in ("0.05", "0.5", "5.0", "10.0", "+Inf")} == {
+        ("avm_turn_duration_seconds_bucket", "0.05", 1.0), ("avm_turn_duration_seconds_bucket", "0.5", 2.0),
+        ("avm_turn_duration_seconds_bucket", "5.0", 2.0), ("avm_turn_duration_seconds_bucket", "10.0", 3.0),
+        ("avm_turn_duration_seconds_bucket", "+Inf", 3.0)}
+    [total] = [s for s in families["avm_turn_duration_seconds"].samples if s.name.endswith("_sum")]
+    assert total.value == pytest.approx(7.34)
+    [overrun] = families["avm_budget_overruns"].samples
+    assert (overrun.name, overrun.labels, overrun.value) == (
+        "avm_budget_overruns_total", {"model_family": "claude-sonnet"}, 1.0)
+    # each TurnMetrics has its own registry: b's turn is not in a's scrape, nothing in the global one
+    assert {s.labels["model_family"] for s in families["avm_turns"].samples} == {"claude-sonnet"}
+    assert [s.labels["status"] for f in text_string_to_metric_families(prometheus_text(b))
+            if f.name == "avm_turns" for s in f.samples] == ["failed"]
+    assert not [m for m in prometheus_client.REGISTRY.collect() if m.name.startswith("avm_")]
+
+    body, content_type = exposition(a, "application/openmetrics-text;version=1.0.0;q=0.6,text/plain;q=0.3")
+    assert content_type.startswith("application/openmetrics-text; version=1.0.0")
+    assert body.endswith(b"# EOF\n")
+    om = {f.name: f for f in openmetrics_families(body.decode())}
+    assert [s.value for s in om["avm_turns"].samples] == [3.0]
+    # an Accept the library cannot read is the client's problem: the default format, not a 500
+    assert exposition(a, "application/openmetrics-text; version=abc")[1] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_prometheus_client_loads_at_the_first_scrape_only() -> None:
+    # ops_http and the metrics are on the cloud functions' cold path, which never serve /metrics
+    code = ("import sys, agentvm.api.ops_http, agentvm.services.metrics as m\n"
+            "assert 'prometheus_client' not in sys.modules\n"
+            "from agentvm.services.prometheus import prometheus_text\n"
+            "text = prometheus_text(m.TurnMetrics())\n"
+            "assert '# TYPE avm_turns_total counter' in text and 'avm_turns_total{' not in text  # no turn yet\n"
+            "assert 'prometheus_client' in sys.modules\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("shared", "local", "client"))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 # ---- end to end --------------------------------------------------------------------------------
@@ -192,6 +248,9 @@ async def test_real_turns_show_in_metrics_prometheus_and_logs(tmp_path: Path) ->
 
         scrape = await http.get("/metrics")  # the open local mode: no key needed
         assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain; version=0.0.4")
+        om = await http.get("/metrics", headers={"accept": "application/openmetrics-text; version=1.0.0"})
+        assert om.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+        assert om.text.endswith("# EOF\n") and "avm_turns_total" in om.text
         families = {f.name: f for f in text_string_to_metric_families(scrape.text)}
         assert {"avm_turns", "avm_tokens", "avm_turn_duration_seconds", "avm_turn_first_token_seconds",
                 "avm_active_connections", "avm_active_containers", "avm_build_info"} <= set(families)

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentvm.domain.models import Usage
 from agentvm.drivers.base import LLMRequest
@@ -284,8 +285,9 @@ async def test_an_upstream_billing_above_the_hold_overshoots_by_at_most_that_cal
         [line] = [r for r in caplog.records if r.getMessage().startswith("budget hold exceeded")]
         assert line.levelno == logging.WARNING and line.billed == money_text(billed)  # type: ignore[attr-defined]
         assert line.excess == money_text(excess)  # type: ignore[attr-defined]
-        metrics = (await http.get("/metrics")).text
-        assert 'avm_budget_overruns_total{model_family="claude-sonnet"} 1' in metrics
+        metrics = text_string_to_metric_families((await http.get("/metrics")).text)
+        assert [(s.name, s.labels, s.value) for f in metrics if f.name == "avm_budget_overruns" for s in f.samples] == [
+            ("avm_budget_overruns_total", {"model_family": "claude-sonnet"}, 1.0)]
 
 
 async def test_one_overrun_among_concurrent_turns_overshoots_by_at_most_its_excess(tmp_path: Path) -> None:

@@ -17,13 +17,7 @@ from agentvm.domain.models import TERMINAL_TURN_STATUSES, Principal, Turn, TurnS
 from agentvm.errors import InvalidRequest
 from agentvm.ids import MAX_EPOCH_MS
 from agentvm.ports import Store
-from agentvm.services.metrics import (
-    PROMETHEUS_CONTENT_TYPE,
-    TenantMetrics,
-    TurnMetrics,
-    parse_window,
-    turn_log_metrics,
-)
+from agentvm.services.metrics import TenantMetrics, TurnMetrics, parse_window, turn_log_metrics
 
 JSON = dict[str, Any]
 
@@ -147,10 +141,14 @@ def ops_router(principal_for: Callable[[Request], Awaitable[Principal]], *,
         if admin_for is not None:
             Admin = Annotated[Principal, Depends(admin_for)]
 
-            @router.get("/metrics", summary="Prometheus text exposition: every tenant aggregated (admin)",
+            @router.get("/metrics", summary="Prometheus exposition (text 0.0.4, or OpenMetrics when `Accept` asks "
+                                            "for it): every tenant aggregated (admin)",
                         response_class=Response)
-            async def prometheus(_admin: Admin) -> Response:
-                return Response(registry().prometheus(), media_type=PROMETHEUS_CONTENT_TYPE)
+            async def prometheus(_admin: Admin, request: Request) -> Response:
+                from agentvm.services.prometheus import exposition  # not on the cloud functions' path
+
+                body, content_type = exposition(registry(), request.headers.get("accept"))
+                return Response(body, media_type=content_type)
 
     if metrics is None and turn_log is not None:
         log_store = turn_log

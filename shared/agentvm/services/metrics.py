@@ -1,5 +1,5 @@
 """Turn metrics of this process, kept in memory: per tenant for `/v1/metrics`, and for the operator's
-`/metrics` (the Prometheus text exposition format, written here: no client library at run time).
+`/metrics` (`aggregates()`, exposed by prometheus-client in agentvm.services.prometheus).
 
 `TurnMetrics.observe_turn` is the runtime's `RuntimePorts.turn_observer`: the engine calls it once at the end
 of every turn. Everything is bounded whatever the number of turns and tenants:
@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from agentvm import __version__
 from agentvm.domain.models import Turn, TurnStatus
 from agentvm.domain.usage import model_family
 from agentvm.errors import InvalidRequest
@@ -37,7 +36,6 @@ SAMPLES_PER_TENANT = 256
 MAX_TENANTS = 10_000
 # seconds, for `avm_turn_duration_seconds` and `avm_turn_first_token_seconds` (+Inf is implicit)
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 TIERS = frozenset({"function", "container"})
 STATUSES = (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.INTERRUPTED)
@@ -147,7 +145,7 @@ class _Tenant:
     samples: _Ring = field(default_factory=lambda: _Ring(SAMPLES_PER_TENANT))
 
 
-class _Histogram:
+class LatencyHistogram:
     __slots__ = ("buckets", "count", "sum_ms")
 
     def __init__(self) -> None:
@@ -163,11 +161,20 @@ class _Histogram:
                 self.buckets[i] += 1
                 break
 
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound in seconds, observations at or below it), `math.inf` last."""
+        out, total = [], 0
+        for le, n in zip(LATENCY_BUCKETS_S, self.buckets, strict=True):
+            total += n
+            out.append((le, total))
+        out.append((math.inf, self.count))
+        return out
+
 
 @dataclass(slots=True)
 class _Series:
     counts: Counts = field(default_factory=Counts)
-    duration: _Histogram = field(default_factory=_Histogram)
+    duration: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +256,7 @@ class TurnMetrics:
         self.started_ms = clock()
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         self._series: dict[tuple[str, str, str], _Series] = {}  # (tier, status, model family)
-        self._first_token: dict[tuple[str, str], _Histogram] = {}  # (tier, model family)
+        self._first_token: dict[tuple[str, str], LatencyHistogram] = {}  # (tier, model family)
         self._overruns: dict[str, int] = {}  # model family → LLM calls billed above their budget hold
 
     # ---- writing -------------------------------------------------------------------------------
@@ -286,7 +293,7 @@ class TurnMetrics:
         if first_ms >= 0:
             hist = self._first_token.get((tier, family))
             if hist is None:
-                hist = self._first_token[(tier, family)] = _Histogram()
+                hist = self._first_token[(tier, family)] = LatencyHistogram()
             hist.observe(first_ms)
 
     def observe_budget_overrun(self, model: str | None) -> None:
@@ -320,85 +327,28 @@ class TurnMetrics:
                              _gauge(self._containers).get(tenant_id, 0),
                              _gauge(self._connections).get(tenant_id, 0))
 
-    def prometheus(self) -> str:
-        """Every tenant's turns, aggregated, in the Prometheus text exposition format (0.0.4)."""
-        out: list[str] = []
-        series = sorted(self._series.items())
+    def aggregates(self) -> Aggregates:
+        """Every tenant's turns aggregated (the `/metrics` series), sorted by label values."""
+        return Aggregates(
+            started_ms=self.started_ms,
+            series=[(key, s.counts, s.duration) for key, s in sorted(self._series.items(), key=lambda kv: kv[0])],
+            first_token=sorted(self._first_token.items(), key=lambda kv: kv[0]),
+            overruns=sorted(self._overruns.items()),
+            connections=sum(_gauge(self._connections).values()),
+            containers=sum(_gauge(self._containers).values()),
+            tenants=len(self._tenants))
 
-        _family(out, "avm_build_info", "gauge", "The AgentVM version of this process.")
-        out.append(f"avm_build_info{_labels(version=__version__)} 1")
-        _family(out, "avm_process_start_time_seconds", "gauge", "When this process started (Unix time).")
-        out.append(f"avm_process_start_time_seconds {_num(self.started_ms / 1000)}")
 
-        _family(out, "avm_turns_total", "counter", "Turns that ended, by tier, status and model family.")
-        for (tier, status, family), s in series:
-            out.append(f"avm_turns_total{_labels(tier=tier, status=status, model_family=family)} {s.counts.turns}")
-
-        _family(out, "avm_tokens_total", "counter",
-                "LLM tokens of the turns that ended, by kind (input, output, cache_read, cache_write), tier "
-                "and model family.")
-        tokens: dict[tuple[str, str], Counts] = {}
-        for (tier, _status, family), s in series:
-            tokens.setdefault((tier, family), Counts()).merge(s.counts)
-        for (tier, family), c in sorted(tokens.items()):
-            for kind, value in (("input", c.input_tokens), ("output", c.output_tokens),
-                                ("cache_read", c.cache_read_tokens), ("cache_write", c.cache_write_tokens)):
-                out.append(f"avm_tokens_total{_labels(kind=kind, tier=tier, model_family=family)} {value}")
-
-        _family(out, "avm_turn_duration_seconds", "histogram",
-                "Turn duration, start to end, by tier, status and model family.")
-        for (tier, status, family), s in series:
-            _histogram(out, "avm_turn_duration_seconds", s.duration,
-                       {"tier": tier, "status": status, "model_family": family})
-
-        _family(out, "avm_turn_first_token_seconds", "histogram",
-                "Time from a turn's start to its first text delta, by tier and model family.")
-        for (tier, family), h in sorted(self._first_token.items()):
-            _histogram(out, "avm_turn_first_token_seconds", h, {"tier": tier, "model_family": family})
-
-        _family(out, "avm_budget_overruns_total", "counter",
-                "LLM calls billed above their budget hold (the provider reported more than the hold's upper "
-                "bound), by model family.")
-        for family, n in sorted(self._overruns.items()):
-            out.append(f"avm_budget_overruns_total{_labels(model_family=family)} {n}")
-
-        _family(out, "avm_active_connections", "gauge",
-                "Open WebSocket connections and SSE chat streams of this process.")
-        out.append(f"avm_active_connections {sum(_gauge(self._connections).values())}")
-        _family(out, "avm_active_containers", "gauge", "Containers with a live session in this process.")
-        out.append(f"avm_active_containers {sum(_gauge(self._containers).values())}")
-        _family(out, "avm_metrics_tenants", "gauge", "Tenants whose turns /v1/metrics keeps in memory.")
-        out.append(f"avm_metrics_tenants {len(self._tenants)}")
-        return "\n".join(out) + "\n"
+@dataclass(frozen=True, slots=True)
+class Aggregates:
+    started_ms: int
+    series: list[tuple[tuple[str, str, str], Counts, LatencyHistogram]]  # (tier, status, model family)
+    first_token: list[tuple[tuple[str, str], LatencyHistogram]]  # (tier, model family)
+    overruns: list[tuple[str, int]]  # (model family, LLM calls billed above their hold)
+    connections: int
+    containers: int
+    tenants: int
 
 
 def _gauge(gauge: Gauge | None) -> Mapping[str, int]:
     return gauge() if gauge is not None else {}
-
-
-def _family(out: list[str], name: str, kind: str, help_text: str) -> None:
-    out.append(f"# HELP {name} {help_text}")
-    out.append(f"# TYPE {name} {kind}")
-
-
-def _histogram(out: list[str], name: str, h: _Histogram, labels: dict[str, str]) -> None:
-    cumulative = 0
-    for le, n in zip(LATENCY_BUCKETS_S, h.buckets, strict=True):
-        cumulative += n
-        out.append(f"{name}_bucket{_labels(**labels, le=_num(le))} {cumulative}")
-    out.append(f"{name}_bucket{_labels(**labels, le='+Inf')} {h.count}")
-    out.append(f"{name}_sum{_labels(**labels)} {_num(h.sum_ms / 1000)}")
-    out.append(f"{name}_count{_labels(**labels)} {h.count}")
-
-
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _num(value: float) -> str:
-    return repr(float(value))
-
