@@ -35,7 +35,7 @@ def tenant_option(command: F) -> F:
     return click.option("--tenant", help=TENANT_HELP)(command)
 
 
-@budgets.command("set", help="Set a tenant's (or one key's) monthly budget and/or turns per minute.")
+@budgets.command("set", help="Set a tenant's or a key's monthly budget and/or turns per minute.")
 @tenant_option
 @click.option("--key", help="one key of the tenant (default: the tenant's own budget)")
 @click.option("--monthly", help="billed USD per calendar month (UTC), e.g. 25.00")

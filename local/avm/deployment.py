@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from agentvm.errors import InvalidRequest
-from avm.runner import Args
+from avm.runner import Args, complete_dir
 from avm.server_args import F, server_options
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ DB_NAME = "agentvm.db"
 
 
 def target_options(command: F) -> F:
-    command = click.option("--data-dir", type=click.Path(path_type=Path),
+    command = click.option("--data-dir", type=click.Path(path_type=Path), shell_complete=complete_dir,
                            help="avm serve's data directory: read its database directly (without it: the server "
                                 "of --url)")(command)
     command = click.option("--table", help="a cloud deployment's DynamoDB table (default: $AVM_TABLE_NAME; stack "

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
 
 #: a command's parameters by name, as click parsed them; `action`: the name of the command run
 #: (`create` of `avm keys create`)
@@ -40,6 +41,15 @@ class Command(_NamedMistakes, click.Command):
 class Group(_NamedMistakes, click.Group):
     command_class = Command
     group_class = type  # a group's groups are of this class too
+
+
+def complete_dir(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Shell completion of a directory flag whose value is checked later (by the command, in its words)."""
+    return [CompletionItem(incomplete, type="dir")]
+
+
+def complete_file(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    return [CompletionItem(incomplete, type="file")]
 
 
 def arguments(ctx: click.Context) -> Args:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from agentvm.errors import InvalidRequest
-from avm.runner import Args, Command, run
+from avm.runner import Args, Command, complete_dir, complete_file, run
 
 if TYPE_CHECKING:
     from agentvm.config import Settings
@@ -39,8 +39,10 @@ FLAGS = {"host": "--host", "port": "--port", "data_dir": "--data-dir", "script_p
                     "the flag, exit code 2.")
 @click.option("--host", metavar="ADDRESS", help="address to bind (default 127.0.0.1)")
 @click.option("--port", metavar="PORT", help="port to bind (default 8080; 0 picks a free port)")
-@click.option("--data-dir", metavar="DIR", help="where data is kept (default ~/.agentvm; created if missing)")
-@click.option("--script", metavar="FILE", help="script file for the offline scripted driver")
+@click.option("--data-dir", metavar="DIR", shell_complete=complete_dir,
+              help="where data is kept (default ~/.agentvm; created if missing)")
+@click.option("--script", metavar="FILE", shell_complete=complete_file,
+              help="script file for the offline scripted driver")
 @click.option("--flush-ms", metavar="MS", help="text-delta coalescing window in ms, 0 to 5000 (default 0)")
 @click.option("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO)")
 @click.option("--log-format", metavar="FORMAT", help="stderr lines: auto (console on a terminal, else json), "
