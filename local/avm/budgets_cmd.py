@@ -15,12 +15,9 @@ from agentvm.errors import InvalidRequest
 from agentvm.services.billing import BillingService
 from agentvm.services.keys import Caller
 from agentvm_client.management import ManagementClient
-from avm.deployment import open_deployment, refuse_tenant, require_tenant, target, target_options
+from avm.deployment import open_deployment, refuse_tenant, require_tenant, target, target_options, tenant_option
 from avm.runner import Args, Group, run
-from avm.server_args import F
 from avm.server_call import over_server
-
-TENANT_HELP = "the tenant (with --data-dir or --table; a server: your key's tenant)"
 
 
 @click.group(cls=Group, short_help="monthly budgets and rate limits of tenants and keys",
@@ -29,10 +26,6 @@ TENANT_HELP = "the tenant (with --data-dir or --table; a server: your key's tena
                   "database) or --table (the cloud tier's DynamoDB table): any --tenant.")
 def budgets() -> None:
     pass
-
-
-def tenant_option(command: F) -> F:
-    return click.option("--tenant", help=TENANT_HELP)(command)
 
 
 @budgets.command("set", help="Set a tenant's or a key's monthly budget and/or turns per minute.")

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from agentvm.ports import KeyStore, UsageLedger
 
 DB_NAME = "agentvm.db"
+TENANT_HELP = "the tenant (with --data-dir or --table; a server: your key's tenant)"
+
+
+def tenant_option(command: F) -> F:
+    return click.option("--tenant", help=TENANT_HELP)(command)
 
 
 def target_options(command: F) -> F:

@@ -28,6 +28,7 @@ import orjson
 from agentvm.config import ClientSettings
 from agentvm.errors import InvalidRequest
 from avm.runner import Args, Command, run
+from avm.server_args import env_token
 
 CONTAINER = "avm-doctor"  # reused by every run: the protocol has no container delete, an empty one costs nothing
 DEFAULT_MODEL = "claude-haiku-4-5"  # the cheapest current model of the shipped price table
@@ -36,17 +37,18 @@ PROMPT = "Reply with the single word OK."
 USAGE_WAIT_S = 15.0  # a usage record is written when its call settles; the cloud may show it a moment later
 
 
-def _env() -> ClientSettings:
-    return ClientSettings()
+def _given_url() -> str | None:
+    env = ClientSettings()
+    return env.url if "url" in env.model_fields_set else None
 
 
 @click.command(cls=Command, help=__doc__.split("\n\n")[0] if __doc__ else None,
                short_help="smoke-test a running deployment: health, key, a WebSocket and an SSE turn, their usage "
                           "records; PASS/FAIL per step")
-@click.option("--url", default=lambda: _env().url if "url" in _env().model_fields_set else None, show_default=False,
+@click.option("--url", default=_given_url,
               help="the server: avm serve's base (http://127.0.0.1:8080 or its ws:// URL), or a stack's HttpApiUrl "
                    "output (default: $AVM_URL)")
-@click.option("--token", default=lambda: _token(_env()), show_default=False,
+@click.option("--token", default=env_token,
               help="an API key of the deployment (default: $AVM_TOKEN); not needed by avm serve's open mode")
 @click.option("--ws-url", help="the AgentX WebSocket (stack output WebSocketUrl; default: <url>/ws)")
 @click.option("--stream-url", help="the SSE chat API and images (stack output ChatStreamUrl; default: --url)")
@@ -55,10 +57,6 @@ def _env() -> ClientSettings:
 @click.option("--timeout", type=float, default=120.0, help="seconds each turn may take (default 120)")
 def doctor(**_: Any) -> int:
     return run(run_doctor)
-
-
-def _token(env: ClientSettings) -> str | None:
-    return env.token.get_secret_value() if env.token else None
 
 
 @dataclass(frozen=True, slots=True)

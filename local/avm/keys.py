@@ -17,13 +17,11 @@ import click
 
 from agentvm.errors import InvalidRequest
 from agentvm_client.management import ManagementClient
-from avm.deployment import open_deployment, refuse_tenant, require_tenant, target, target_options
+from avm.deployment import open_deployment, refuse_tenant, require_tenant, target, target_options, tenant_option
 from avm.runner import Args, Group, run
-from avm.server_args import F
 from avm.server_call import over_server
 
 DAY_MS = 86_400_000
-TENANT_HELP = "the tenant (with --data-dir or --table; a server: your key's tenant)"
 
 
 @click.group(cls=Group, short_help="API keys: of your tenant on a server, or of any tenant in a store",
@@ -33,10 +31,6 @@ TENANT_HELP = "the tenant (with --data-dir or --table; a server: your key's tena
                   "a tenant's first key is made. Keys are stored only as salted hashes; a token is shown once.")
 def keys() -> None:
     pass
-
-
-def tenant_option(command: F) -> F:
-    return click.option("--tenant", help=TENANT_HELP)(command)
 
 
 @keys.command(help="Issue a key; the token is shown once.")

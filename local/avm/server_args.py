@@ -20,10 +20,11 @@ def server_options(command: F) -> F:
                                       "ws://127.0.0.1:8080/ws)")(command)
 
 
+def env_token() -> str | None:
+    token = ClientSettings().token
+    return token.get_secret_value() if token else None
+
+
 def server(url: str | None, token: str | None) -> tuple[str, str | None]:
     """The server and key given, else those of the environment."""
-    if url is not None and token is not None:
-        return url, token
-    env = ClientSettings()
-    return (env.url if url is None else url,
-            (env.token.get_secret_value() if env.token else None) if token is None else token)
+    return ClientSettings().url if url is None else url, env_token() if token is None else token

@@ -14,11 +14,10 @@ import orjson
 
 from agentvm.services.billing import FORMATS, GROUPS, BillingService, window
 from agentvm_client.management import ManagementClient
-from avm.deployment import open_deployment, refuse_tenant, require_tenant, target, target_options
+from avm.deployment import open_deployment, refuse_tenant, require_tenant, target, target_options, tenant_option
 from avm.runner import Args, Group, run
 from avm.server_call import over_server
 
-TENANT_HELP = "the tenant (with --data-dir or --table; a server: your key's tenant)"
 PERIOD_HELP = "a month (2026-11) or a day (2026-11-05), UTC"
 
 
@@ -42,7 +41,7 @@ def export(**_: Any) -> int:
 
 
 @usage.command(help="A tenant's usage totals of a period, grouped.")
-@click.option("--tenant", help=TENANT_HELP)
+@tenant_option
 @click.option("--period", required=True, help=PERIOD_HELP)
 @click.option("--group-by", default="model", show_default=True, help=f"comma-separated: {', '.join(GROUPS)}")
 @target_options
