@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import click
 
 from agentvm.config import ClientSettings
-from avm.runner import Args, Command, run
+from avm.runner import Args, Command, complete_file, run
 from avm.server_args import env_token
 
 from .chat_keys import KEYS_HELP, default_history_path
@@ -43,21 +43,23 @@ def _default_container() -> str:
 @click.command(cls=Command, short_help="chat with an agent in the terminal",
                help="Chat with an agent over the AgentX WebSocket protocol. Type /help in the chat for its commands "
                     "(/new, /sessions, /resume, /images, /history, /exit). " + KEYS_HELP)
-@click.option("--url", default=lambda: ClientSettings().url,
+@click.option("--url", metavar="URL", default=lambda: ClientSettings().url,
               help=f"the server: avm serve's ws://host:port/ws or http://host:port; a stack: its WebSocketUrl "
                    f"(default: $AVM_URL or {DEFAULT_URL})")
-@click.option("--http-url", help="the sessions API for /new, /sessions, /resume sess_… (default: the server of --url; "
-                                 "a stack: its ChatStreamUrl)")
-@click.option("--token", default=env_token,
+@click.option("--http-url", metavar="URL",
+              help="the sessions API for /new, /sessions, /resume sess_… (default: the server of --url; a stack: "
+                   "its ChatStreamUrl)")
+@click.option("--token", metavar="KEY", default=env_token,
               help="API key sent as a Bearer token (default: $AVM_TOKEN, else a ?token= in --url)")
 @click.option("--container", default=_default_container,
               help="container for a new image (default: user-<login name>)")
-@click.option("--image", help="continue this existing image instead of creating one")
+@click.option("--image", metavar="IMAGE_ID", help="continue this existing image instead of creating one")
 @click.option("--name", help="name of the new image")
 @click.option("--system", help="system prompt of the new image")
 @click.option("--tools", help="built-in tools the new image's agent may use, comma-separated "
                               "(bash,read_file,write_file,edit_file,list_files)")
-@click.option("--history", default=lambda: str(ClientSettings().chat_history or default_history_path()),
+@click.option("--history", metavar="FILE", shell_complete=complete_file,
+              default=lambda: str(ClientSettings().chat_history or default_history_path()),
               help="file keeping the lines typed, across runs (default: $AVM_CHAT_HISTORY or "
                    "$XDG_DATA_HOME/agentvm/chat-history); '' keeps none")
 def chat(**_: Any) -> int:

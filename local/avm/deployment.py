@@ -29,11 +29,12 @@ def tenant_option(command: F) -> F:
 
 
 def target_options(command: F) -> F:
-    command = click.option("--data-dir", type=click.Path(path_type=Path), shell_complete=complete_dir,
+    command = click.option("--data-dir", type=click.Path(path_type=Path), metavar="DIR", shell_complete=complete_dir,
                            help="avm serve's data directory: read its database directly (without it: the server "
                                 "of --url)")(command)
-    command = click.option("--table", help="a cloud deployment's DynamoDB table (default: $AVM_TABLE_NAME; stack "
-                                           "output TableName), written directly")(command)
+    command = click.option("--table", metavar="TABLE",
+                           help="a cloud deployment's DynamoDB table (default: $AVM_TABLE_NAME; stack output "
+                                "TableName), written directly")(command)
     return server_options(command)
 
 

@@ -45,16 +45,18 @@ def _given_url() -> str | None:
 @click.command(cls=Command, help=__doc__.split("\n\n")[0] if __doc__ else None,
                short_help="smoke-test a running deployment: health, key, a WebSocket and an SSE turn, their usage "
                           "records; PASS/FAIL per step")
-@click.option("--url", default=_given_url,
+@click.option("--url", metavar="URL", default=_given_url,
               help="the server: avm serve's base (http://127.0.0.1:8080 or its ws:// URL), or a stack's HttpApiUrl "
                    "output (default: $AVM_URL)")
-@click.option("--token", default=env_token,
+@click.option("--token", metavar="KEY", default=env_token,
               help="an API key of the deployment (default: $AVM_TOKEN); not needed by avm serve's open mode")
-@click.option("--ws-url", help="the AgentX WebSocket (stack output WebSocketUrl; default: <url>/ws)")
-@click.option("--stream-url", help="the SSE chat API and images (stack output ChatStreamUrl; default: --url)")
-@click.option("--model", default=DEFAULT_MODEL,
+@click.option("--ws-url", metavar="URL", help="the AgentX WebSocket (stack output WebSocketUrl; default: <url>/ws)")
+@click.option("--stream-url", metavar="URL",
+              help="the SSE chat API and images (stack output ChatStreamUrl; default: --url)")
+@click.option("--model", metavar="MODEL", default=DEFAULT_MODEL,
               help=f"model of the test image (default {DEFAULT_MODEL}; 'default': the deployment's own)")
-@click.option("--timeout", type=float, default=120.0, help="seconds each turn may take (default 120)")
+@click.option("--timeout", type=float, metavar="SECONDS", default=120.0,
+              help="seconds each turn may take (default 120)")
 def doctor(**_: Any) -> int:
     return run(run_doctor)
 

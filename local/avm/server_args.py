@@ -15,9 +15,10 @@ F = TypeVar("F", bound=Callable[..., object])
 
 
 def server_options(command: F) -> F:
-    command = click.option("--token", help="API key (default: $AVM_TOKEN)")(command)
-    return click.option("--url", help="the server (its ws:// URL or http:// base; default: $AVM_URL, else "
-                                      "ws://127.0.0.1:8080/ws)")(command)
+    command = click.option("--token", metavar="KEY", help="API key (default: $AVM_TOKEN)")(command)
+    return click.option("--url", metavar="URL",
+                        help="the server (its ws:// URL or http:// base; default: $AVM_URL, else "
+                             "ws://127.0.0.1:8080/ws)")(command)
 
 
 def env_token() -> str | None:

@@ -88,7 +88,7 @@ def test_sessions_help_in_words(capsys: pytest.CaptureFixture[str]) -> None:
         "list": "Your sessions, newest first (every image's, or one image's).",
         "search": "Full-text search of your messages, best first.",
         "show": "One session: its image, turns and cost, and its conversation."}
-    assert "--url TEXT" in out and "--token TEXT" in out
+    assert "--url URL " in out and "--token KEY " in out
 
 
 def leaves() -> list[list[str]]:
@@ -227,6 +227,7 @@ def completions(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
     ("avm serve --data-dir /tm", ["dir,/tm"]),
     ("avm keys list --data-dir ~/.ag", ["dir,~/.ag"]),
     ("avm serve --script s", ["file,s"]),
+    ("avm chat --history h", ["file,h"]),
 ])
 def test_completion_of_commands_choices_and_paths(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str], line: str,
