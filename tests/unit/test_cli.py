@@ -21,6 +21,12 @@ from tests.support.servers import REPO
 GROUPS = {name: command for name, command in cli.avm.commands.items() if isinstance(command, click.Group)}
 
 
+@pytest.fixture(autouse=True)
+def eighty_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Help is wrapped to the terminal: the same width wherever the tests run."""
+    monkeypatch.setenv("COLUMNS", "80")
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
