@@ -27,9 +27,9 @@ def avm() -> None:
     pass
 
 
-for command in (serve_cmd.serve, chat.chat, doctor.doctor, keys.keys, config_cmd.config, sessions_cmd.sessions,
-                usage_cmd.usage, budgets_cmd.budgets):
-    avm.add_command(command)
+for _command in (serve_cmd.serve, chat.chat, doctor.doctor, keys.keys, config_cmd.config, sessions_cmd.sessions,
+                 usage_cmd.usage, budgets_cmd.budgets):
+    avm.add_command(_command)
 
 
 def one_line(exc: click.UsageError) -> str:

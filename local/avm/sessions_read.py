@@ -26,17 +26,19 @@ _TAG = re.compile(r"<[^>]+>")
 
 
 def paging(default: int) -> Callable[[F], F]:
-    def options(command: F) -> F:
-        for option in (
-            click.option("--json", "as_json", is_flag=True, help="the items (and nextCursor) as one JSON document"),
-            click.option("--all", "every", is_flag=True, help="every page, not only the first"),
-            click.option("--cursor", help="the page after a previous answer's (printed at its end)"),
-            click.option("--limit", type=int, default=default, help=f"at most this many a page (1-200, default "
-                                                                    f"{default})"),
-        ):
+    """--limit, --cursor, --all and --json of a command that answers in pages."""
+    options = [
+        click.option("--limit", type=int, default=default, help=f"at most this many a page (1-200, default {default})"),
+        click.option("--cursor", help="the page after a previous answer's (printed at its end)"),
+        click.option("--all", "every", is_flag=True, help="every page, not only the first"),
+        click.option("--json", "as_json", is_flag=True, help="the items (and nextCursor) as one JSON document"),
+    ]
+
+    def apply(command: F) -> F:
+        for option in reversed(options):  # the last applied is listed first
             command = option(command)
         return command
-    return options
+    return apply
 
 
 @click.command("list", cls=Command, help="Your sessions, newest first (every image's, or one image's).")
