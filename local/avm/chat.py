@@ -13,17 +13,19 @@ Addresses: `avm serve` answers everything on one base URL (`--url ws://host:port
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import getpass
 import os
 import re
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 from urllib.parse import parse_qs, urlsplit
 
+import click
+
 from agentvm.config import ClientSettings
+from avm.runner import Args, Command, complete_file, run
+from avm.server_args import env_token
 
 from .chat_keys import KEYS_HELP, default_history_path
 
@@ -38,41 +40,30 @@ def _default_container() -> str:
     return "user-" + (re.sub(r"[^A-Za-z0-9_.-]", "-", user) or "local")
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `chat` subcommand. Its `func` default runs it and returns the exit code."""
-    parser = subparsers.add_parser(
-        "chat",
-        help="chat with an agent in the terminal",
-        description="Chat with an agent over the AgentX WebSocket protocol. Type /help in the chat for "
-                    "its commands (/new, /sessions, /resume, /images, /history, /exit). " + KEYS_HELP,
-    )
-    env = ClientSettings()
-    parser.add_argument("--url", default=env.url,
-                        help=f"the server: avm serve's ws://host:port/ws or http://host:port; a stack: its "
-                             f"WebSocketUrl (default: $AVM_URL or {DEFAULT_URL})")
-    parser.add_argument("--http-url", help="the sessions API for /new, /sessions, /resume sess_… (default: "
-                                           "the server of --url; a stack: its ChatStreamUrl)")
-    parser.add_argument("--token", default=env.token.get_secret_value() if env.token else None,
-                        help="API key sent as a Bearer token (default: $AVM_TOKEN, else a ?token= in --url)")
-    parser.add_argument("--container", default=_default_container(),
-                        help="container for a new image (default: user-<login name>)")
-    parser.add_argument("--image", help="continue this existing image instead of creating one")
-    parser.add_argument("--name", help="name of the new image")
-    parser.add_argument("--system", help="system prompt of the new image")
-    parser.add_argument("--tools", help="built-in tools the new image's agent may use, comma-separated "
-                                        "(bash,read_file,write_file,edit_file,list_files)")
-    parser.add_argument("--history", default=str(env.chat_history or default_history_path()),
-                        help="file keeping the lines typed, across runs (default: $AVM_CHAT_HISTORY or "
-                             "$XDG_DATA_HOME/agentvm/chat-history); '' keeps none")
-    parser.set_defaults(func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    """Synchronous entry point: run the chat on a fresh event loop."""
-    try:
-        return asyncio.run(run_chat(args))
-    except KeyboardInterrupt:
-        return 130
+@click.command(cls=Command, short_help="chat with an agent in the terminal",
+               help="Chat with an agent over the AgentX WebSocket protocol. Type /help in the chat for its commands "
+                    "(/new, /sessions, /resume, /images, /history, /exit). " + KEYS_HELP)
+@click.option("--url", metavar="URL", default=lambda: ClientSettings().url,
+              help=f"the server: avm serve's ws://host:port/ws or http://host:port; a stack: its WebSocketUrl "
+                   f"(default: $AVM_URL or {DEFAULT_URL})")
+@click.option("--http-url", metavar="URL",
+              help="the sessions API for /new, /sessions, /resume sess_… (default: the server of --url; a stack: "
+                   "its ChatStreamUrl)")
+@click.option("--token", metavar="KEY", default=env_token,
+              help="API key sent as a Bearer token (default: $AVM_TOKEN, else a ?token= in --url)")
+@click.option("--container", default=_default_container,
+              help="container for a new image (default: user-<login name>)")
+@click.option("--image", metavar="IMAGE_ID", help="continue this existing image instead of creating one")
+@click.option("--name", help="name of the new image")
+@click.option("--system", help="system prompt of the new image")
+@click.option("--tools", help="built-in tools the new image's agent may use, comma-separated "
+                              "(bash,read_file,write_file,edit_file,list_files)")
+@click.option("--history", metavar="FILE", shell_complete=complete_file,
+              default=lambda: str(ClientSettings().chat_history or default_history_path()),
+              help="file keeping the lines typed, across runs (default: $AVM_CHAT_HISTORY or "
+                   "$XDG_DATA_HOME/agentvm/chat-history); '' keeps none")
+def chat(**_: Any) -> int:
+    return run(run_chat)
 
 
 def shown(url: str) -> str:
@@ -80,7 +71,7 @@ def shown(url: str) -> str:
     return url.split("?", 1)[0]
 
 
-async def run_chat(args: argparse.Namespace, *, stdin_fd: int | None = None, stdout: TextIO | None = None,
+async def run_chat(args: Args, *, stdin_fd: int | None = None, stdout: TextIO | None = None,
                    stderr: TextIO | None = None) -> int:
     """Run the chat. Returns 0 on a clean exit, 1 when the server cannot be reached or refuses."""
     # loaded here: every `avm` command registers this one (prompt_toolkit and rich take ~0.4 s)

@@ -6,7 +6,6 @@ Ctrl-C before it ends leaves the chat. At the prompt Ctrl-C clears the line (cha
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import signal
@@ -22,13 +21,14 @@ from agentvm_client.management import ManagementClient
 from .chat_commands import Commands, Conversation, Exit, help_text
 from .chat_input import LineInput
 from .chat_render import Screen, TurnRenderer
+from .runner import Args
 
 _INTERRUPT_TIMEOUT_S = 10.0
 _T = TypeVar("_T")
 
 
 class ChatLoop:
-    def __init__(self, client: AgentVMClient, http: ManagementClient, http_url: str, args: argparse.Namespace,
+    def __init__(self, client: AgentVMClient, http: ManagementClient, http_url: str, args: Args,
                  lines: LineInput, screen: Screen) -> None:
         self._client = client
         self._http = http

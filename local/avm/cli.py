@@ -1,71 +1,65 @@
-"""`avm`: serve the emulator, chat with it, issue API keys for a cloud deployment, smoke-test a deployment."""
+"""`avm`: serve the emulator, chat with it, issue API keys for a cloud deployment, smoke-test a deployment.
+
+The command line is click's: one command or group per module (avm/serve_cmd.py, chat.py, doctor.py,
+keys.py, usage_cmd.py, budgets_cmd.py, config_cmd.py, sessions_cmd.py), help on each (`-h`), `avm
+--version`, and shell completion (`eval "$(_AVM_COMPLETE=bash_source avm)"`; zsh_source, fish_source).
+A mistake on the command line is one line naming the flag, exit code 2."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
+import os
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
 
-from pydantic import ValidationError
+import click
 
 from agentvm import __version__
-from agentvm.errors import AgentVMError
+from avm import budgets_cmd, chat, config_cmd, doctor, keys, serve_cmd, sessions_cmd, usage_cmd
+from avm.runner import Group
+
+PROG = "avm"
+COMPLETE_VAR = "_AVM_COMPLETE"
 
 
-def _run(entry: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace) -> int:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
-        return asyncio.run(entry(args))
-    return uvloop.run(entry(args))
+@click.group(cls=Group, help="AgentVM: host AI agents at the lowest cost.",
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name=PROG, message="%(prog)s %(version)s")
+def avm() -> None:
+    pass
+
+
+for _command in (serve_cmd.serve, chat.chat, doctor.doctor, keys.keys, config_cmd.config, sessions_cmd.sessions,
+                 usage_cmd.usage, budgets_cmd.budgets):
+    avm.add_command(_command)
+
+
+def one_line(exc: click.UsageError) -> str:
+    """A command-line mistake as `avm <command>: <what> (see avm <command> --help)`."""
+    path = exc.ctx.command_path if exc.ctx is not None else PROG
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    return f"{path}: {message} (see {path} --help)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="avm", description="AgentVM: host AI agents at the lowest cost.")
-    parser.add_argument("--version", action="version", version=f"avm {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    from avm import chat, config_cmd, doctor, keys, serve_cmd, sessions_cmd, usage_cmd
+    """Run `avm` with these arguments (default: the process's); the exit code."""
+    instruction = os.environ.get(COMPLETE_VAR)
+    if instruction:  # the shell asks for a completion script or for the completions of a line
+        from click.shell_completion import shell_complete
 
-    serve_cmd.register(sub)
-    serve_cmd.one_line_errors(parser, "avm")  # `avm serve --bogus` is reported by this parser
-
-    chat.register(sub)
-    doctor.register(sub)
-    keys.register(sub)
-    config_cmd.register(sub)
-    sessions_cmd.register(sub)
-    usage_cmd.register(sub)
-    args = parser.parse_args(argv)
+        return shell_complete(avm, {}, PROG, COMPLETE_VAR, instruction)
     try:
-        if args.command == "serve":
-            return _run(serve_cmd.run_serve, args)
-        if args.command == "chat":
-            return _run(chat.run_chat, args)
-        if args.command == "keys":
-            return _run(keys.run_keys, args)
-        if args.command == "config":
-            return _run(config_cmd.run_config, args)
-        if args.command == "sessions":
-            return _run(sessions_cmd.run_sessions, args)
-        if args.command == "usage":
-            return _run(usage_cmd.run_usage, args)
-        if args.command == "budgets":
-            return _run(usage_cmd.run_budgets, args)
-        if args.command == "doctor":
-            return _run(doctor.run_doctor, args)
-    except KeyboardInterrupt:
+        code = avm.main(args=argv, prog_name=PROG, standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `avm keys`: what it offers
+        exc.show()
+        return 2
+    except click.UsageError as exc:
+        print(one_line(exc), file=sys.stderr)
+        return 2
+    except click.Abort:
         return 130
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        print(f"avm: invalid setting {'.'.join(str(p) for p in err['loc'])}: {err['msg']}", file=sys.stderr)
-        return 2
-    except AgentVMError as exc:
-        print(f"avm: {exc.message}", file=sys.stderr)
-        return 2
-    parser.error(f"unknown command {args.command}")
-    return 2
+    except click.ClickException as exc:
+        print(f"{PROG}: {exc.format_message()}", file=sys.stderr)
+        return exc.exit_code
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -3,26 +3,45 @@ running server, over its HTTP API (so a change applies to the next turn without 
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
+import click
+
 from agentvm_client.management import ManagementClient
-from avm.server_args import add_action, add_server_options
+from avm.runner import Args, Group, run
+from avm.server_args import server_options
 from avm.server_call import over_server
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("config", help="read or change the server's configuration")
-    add_server_options(p)
-    actions = p.add_subparsers(dest="config_command", required=True)
-    g = add_action(actions, "get", help="every key, or one, with its value and where it comes from")
-    g.add_argument("key", nargs="?")
-    s = add_action(actions, "set", help="set a key (VALUE is JSON, or a plain string)")
-    s.add_argument("key")
-    s.add_argument("value")
-    u = add_action(actions, "unset", help="remove a key set with `set` (the lower layers apply again)")
-    u.add_argument("key")
+@click.group(cls=Group, short_help="read or change the server's configuration",
+             help="The config center of a running server, over its HTTP API: a change applies to the next turn "
+                  "without a restart (docs/configuration.md).")
+@server_options
+def config(**_: Any) -> None:
+    pass
+
+
+@config.command(help="Every key, or one, with its value and where it comes from.")
+@click.argument("key", required=False)
+@server_options
+def get(**_: Any) -> int:
+    return run(run_config)
+
+
+@config.command("set", help="Set a key (VALUE is JSON, or a plain string).")
+@click.argument("key")
+@click.argument("value")
+@server_options
+def set_(**_: Any) -> int:
+    return run(run_config)
+
+
+@config.command(help="Remove a key set with `set` (the lower layers apply again).")
+@click.argument("key")
+@server_options
+def unset(**_: Any) -> int:
+    return run(run_config)
 
 
 def _value(text: str) -> Any:
@@ -37,11 +56,11 @@ def _line(key: str, entry: dict[str, Any]) -> str:
     return f"{key} = {value}  ({entry.get('source') or 'unset'}; applies at {entry.get('appliesAt')})"
 
 
-async def run_config(args: argparse.Namespace) -> int:
+async def run_config(args: Args) -> int:
     async def work(avm: ManagementClient) -> int:
-        if args.config_command == "get":
+        if args.action == "get":
             body = await avm.config.get(args.key)
-        elif args.config_command == "set":
+        elif args.action == "set":
             body = await avm.config.set(args.key, _value(args.value))
         else:
             body = await avm.config.unset(args.key)

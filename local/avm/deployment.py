@@ -5,32 +5,40 @@ never creates one), or, with `--table` (or $AVM_TABLE_NAME), the cloud tier's Dy
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import click
+
 from agentvm.errors import InvalidRequest
-from avm.server_args import add_server_options
+from avm.runner import Args, complete_dir
+from avm.server_args import F, server_options
 
 if TYPE_CHECKING:
     from agentvm.ports import KeyStore, UsageLedger
 
 DB_NAME = "agentvm.db"
+TENANT_HELP = "the tenant (with --data-dir or --table; a server: your key's tenant)"
 
 
-def add_target_args(action: argparse.ArgumentParser) -> None:
-    add_server_options(action)
-    action.add_argument("--table", help="a cloud deployment's DynamoDB table (default: $AVM_TABLE_NAME; stack "
-                                        "output TableName), written directly")
-    action.add_argument("--data-dir", type=Path,
-                        help="avm serve's data directory: read its database directly (without it: the server "
-                             "of --url)")
+def tenant_option(command: F) -> F:
+    return click.option("--tenant", help=TENANT_HELP)(command)
 
 
-def target(args: argparse.Namespace) -> str:
+def target_options(command: F) -> F:
+    command = click.option("--data-dir", type=click.Path(path_type=Path), metavar="DIR", shell_complete=complete_dir,
+                           help="avm serve's data directory: read its database directly (without it: the server "
+                                "of --url)")(command)
+    command = click.option("--table", metavar="TABLE",
+                           help="a cloud deployment's DynamoDB table (default: $AVM_TABLE_NAME; stack output "
+                                "TableName), written directly")(command)
+    return server_options(command)
+
+
+def target(args: Args) -> str:
     """"cloud" (a table), "local" (an explicit --data-dir) or "server" (everything else)."""
     from agentvm.config import Settings
 
@@ -39,14 +47,14 @@ def target(args: argparse.Namespace) -> str:
     return "local" if args.data_dir is not None else "server"
 
 
-def require_tenant(args: argparse.Namespace, command: str) -> str:
+def require_tenant(args: Args, command: str) -> str:
     if not args.tenant:
         raise InvalidRequest(f"{command}: --tenant: required with --data-dir or --table (which tenant)",
                              field="tenant")
     return str(args.tenant)
 
 
-def refuse_tenant(args: argparse.Namespace, command: str) -> None:
+def refuse_tenant(args: Args, command: str) -> None:
     """A server answers for its caller's tenant only: a `--tenant` there would be silently ignored."""
     if getattr(args, "tenant", None):
         raise InvalidRequest(f"{command}: --tenant: a server answers for the tenant of your key (--token); "
@@ -74,7 +82,7 @@ class Deployment:
 
 
 @contextlib.asynccontextmanager
-async def open_deployment(args: argparse.Namespace, *, create: bool = False) -> AsyncIterator[Deployment]:
+async def open_deployment(args: Args, *, create: bool = False) -> AsyncIterator[Deployment]:
     """The store of `--table` or of the explicit `--data-dir`; `create`: a command that writes may
     create the database (a first key before the first `avm serve`), one that only reads may not."""
     from agentvm.config import Settings

@@ -12,7 +12,6 @@ SSE chat API)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
@@ -22,12 +21,15 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+import click
 import httpx
 import orjson
 from httpx_sse import EventSource, SSEError
 
 from agentvm.config import ClientSettings
 from agentvm.errors import InvalidRequest
+from avm.runner import Args, Command, run
+from avm.server_args import env_token
 
 CONTAINER = "avm-doctor"  # reused by every run: the protocol has no container delete, an empty one costs nothing
 DEFAULT_MODEL = "claude-haiku-4-5"  # the cheapest current model of the shipped price table
@@ -36,21 +38,28 @@ PROMPT = "Reply with the single word OK."
 USAGE_WAIT_S = 15.0  # a usage record is written when its call settles; the cloud may show it a moment later
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("doctor", help="smoke-test a running deployment: health, key, a WebSocket and an SSE "
-                                      "turn, their usage records; PASS/FAIL per step",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+def _given_url() -> str | None:
     env = ClientSettings()
-    p.add_argument("--url", default=env.url if "url" in env.model_fields_set else None,
-                   help="the server: avm serve's base (http://127.0.0.1:8080 or its ws:// URL), or a stack's "
-                        "HttpApiUrl output (default: $AVM_URL)")
-    p.add_argument("--token", default=env.token.get_secret_value() if env.token else None,
-                   help="an API key of the deployment (default: $AVM_TOKEN); not needed by avm serve's open mode")
-    p.add_argument("--ws-url", help="the AgentX WebSocket (stack output WebSocketUrl; default: <url>/ws)")
-    p.add_argument("--stream-url", help="the SSE chat API and images (stack output ChatStreamUrl; default: --url)")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"model of the test image (default {DEFAULT_MODEL}; 'default': the deployment's own)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds each turn may take (default 120)")
+    return env.url if "url" in env.model_fields_set else None
+
+
+@click.command(cls=Command, help=__doc__.split("\n\n")[0] if __doc__ else None,
+               short_help="smoke-test a running deployment: health, key, a WebSocket and an SSE turn, their usage "
+                          "records; PASS/FAIL per step")
+@click.option("--url", metavar="URL", default=_given_url,
+              help="the server: avm serve's base (http://127.0.0.1:8080 or its ws:// URL), or a stack's HttpApiUrl "
+                   "output (default: $AVM_URL)")
+@click.option("--token", metavar="KEY", default=env_token,
+              help="an API key of the deployment (default: $AVM_TOKEN); not needed by avm serve's open mode")
+@click.option("--ws-url", metavar="URL", help="the AgentX WebSocket (stack output WebSocketUrl; default: <url>/ws)")
+@click.option("--stream-url", metavar="URL",
+              help="the SSE chat API and images (stack output ChatStreamUrl; default: --url)")
+@click.option("--model", metavar="MODEL", default=DEFAULT_MODEL,
+              help=f"model of the test image (default {DEFAULT_MODEL}; 'default': the deployment's own)")
+@click.option("--timeout", type=float, metavar="SECONDS", default=120.0,
+              help="seconds each turn may take (default 120)")
+def doctor(**_: Any) -> int:
+    return run(run_doctor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +79,7 @@ def _base(value: str, flag: str, schemes: tuple[str, ...]) -> str:
     return value.rstrip("/")
 
 
-def targets(args: argparse.Namespace) -> Targets:
+def targets(args: Args) -> Targets:
     """The three addresses from the flags; InvalidRequest for a missing or malformed one."""
     if not args.url:
         raise InvalidRequest("--url: required (avm serve: http://127.0.0.1:8080; a stack: its HttpApiUrl "
@@ -388,7 +397,7 @@ def _month() -> str:
     return datetime.now(UTC).strftime("%Y-%m")
 
 
-async def run_doctor(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+async def run_doctor(args: Args, *, out: TextIO | None = None) -> int:
     import sys
 
     try:

@@ -3,15 +3,17 @@ no traceback), and the start of the server (the runtime itself is wired in avm/a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
+
+import click
 
 from agentvm.errors import InvalidRequest
+from avm.runner import Args, Command, complete_dir, complete_file, run
 
 if TYPE_CHECKING:
     from agentvm.config import Settings
@@ -31,35 +33,30 @@ FLAGS = {"host": "--host", "port": "--port", "data_dir": "--data-dir", "script_p
          "unsafe_unsandboxed_tools": "--unsafe-unsandboxed-tools"}
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The serve command's parser. Values are taken as text and checked by `settings_from`, so that a
-    bad one gets one line naming its flag and what it accepts."""
-    p = sub.add_parser("serve", help="run the one-process AgentVM emulator")
-    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", help="port to bind (default 8080; 0 picks a free port)")
-    p.add_argument("--data-dir", help="where data is kept (default ~/.agentvm; created if missing)")
-    p.add_argument("--script", help="script file for the offline scripted driver")
-    p.add_argument("--flush-ms", help="text-delta coalescing window in ms, 0 to 5000 (default 0)")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO)")
-    p.add_argument("--log-format", help="stderr lines: auto (console on a terminal, else json), console or json; "
-                                        "the log file is always JSON (default auto)")
-    p.add_argument("--unsafe-unsandboxed-tools", action="store_true", default=None,
-                   help="UNSAFE: on a host without bubblewrap and not running as root, run tools anyway, as "
-                        "this server's own user (they can read its keys and database); default: refuse them")
-    one_line_errors(p, "avm serve")
+@click.command(cls=Command, short_help="run the one-process AgentVM emulator",
+               help="Run the one-process AgentVM emulator: the HTTP API, the AgentX WebSocket, the chat API and "
+                    "the console on one port. Flag values are checked at start-up: a bad one is one line naming "
+                    "the flag, exit code 2.")
+@click.option("--host", metavar="ADDRESS", help="address to bind (default 127.0.0.1)")
+@click.option("--port", metavar="PORT", help="port to bind (default 8080; 0 picks a free port)")
+@click.option("--data-dir", metavar="DIR", shell_complete=complete_dir,
+              help="where data is kept (default ~/.agentvm; created if missing)")
+@click.option("--script", metavar="FILE", shell_complete=complete_file,
+              help="script file for the offline scripted driver")
+@click.option("--flush-ms", metavar="MS", help="text-delta coalescing window in ms, 0 to 5000 (default 0)")
+@click.option("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO)")
+@click.option("--log-format", metavar="FORMAT", help="stderr lines: auto (console on a terminal, else json), "
+                                                    "console or json; the log file is always JSON (default auto)")
+@click.option("--unsafe-unsandboxed-tools", is_flag=True, default=None,
+              help="UNSAFE: on a host without bubblewrap and not running as root, run tools anyway, as this "
+                   "server's own user (they can read its keys and database); default: refuse them")
+def serve(**_: Any) -> int:
+    # values are taken as text and checked by `settings_from`: a bad one gets one line naming its flag
+    # and what it accepts
+    return run(run_serve)
 
 
-def one_line_errors(parser: argparse.ArgumentParser, prog: str) -> None:
-    """argparse's own errors (an unknown flag, a flag without its value) as one line, exit code 2."""
-
-    def one_line(message: str) -> NoReturn:
-        print(f"{prog}: {message} (see {prog} --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-    parser.error = one_line  # type: ignore[method-assign]
-
-
-def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+def flag_values(args: Args) -> dict[str, Any]:
     """The settings the command line gave (absent flags: left to the environment and the defaults)."""
     given = {"host": args.host, "port": args.port, "data_dir": args.data_dir, "script_path": args.script,
              "stream_flush_ms": args.flush_ms, "log_level": args.log_level, "log_format": args.log_format,
@@ -221,7 +218,7 @@ def _check_auth(settings: Settings) -> None:
             f"{settings.data_dir}`, or bind 127.0.0.1 (the default) for the open local mode.")
 
 
-async def run_serve(args: argparse.Namespace) -> int:
+async def run_serve(args: Args) -> int:
     try:
         return await _serve(args)
     except StartupRefused as refused:
@@ -229,7 +226,7 @@ async def run_serve(args: argparse.Namespace) -> int:
         return 2
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: Args) -> int:
     import uvicorn
 
     from agentvm.adapters.local.local_env import ProcessEnv

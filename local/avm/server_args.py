@@ -1,29 +1,31 @@
-"""`--url` and `--token` of the `avm` commands that talk to a running server: accepted before the
-action (`avm config --url U get`) and after it (`avm config get --url U`)."""
+"""`--url` and `--token` of the `avm` commands that talk to a running server: accepted on the command
+(`avm config --url U get`) and on its action (`avm config get --url U`); absent on both, they are
+$AVM_URL and $AVM_TOKEN (`server`)."""
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+import click
 
 from agentvm.config import ClientSettings
 
-
-def add_server_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> None:
-    """On the command (`defaults`: from $AVM_URL / $AVM_TOKEN) and again on each action, where an
-    absent option leaves the command's value alone."""
-    if defaults:
-        env = ClientSettings()
-        url: object = env.url
-        token: object = env.token.get_secret_value() if env.token else None
-    else:
-        url = token = argparse.SUPPRESS
-    parser.add_argument("--url", default=url, help="the server (its ws:// URL or http:// base; default: $AVM_URL)")
-    parser.add_argument("--token", default=token, help="API key (default: $AVM_TOKEN)")
+F = TypeVar("F", bound=Callable[..., object])
 
 
-def add_action(actions: argparse._SubParsersAction[argparse.ArgumentParser], name: str, *,
-               help: str) -> argparse.ArgumentParser:
-    """One action of a command; it takes the server options too."""
-    action = actions.add_parser(name, help=help)
-    add_server_options(action, defaults=False)
-    return action
+def server_options(command: F) -> F:
+    command = click.option("--token", metavar="KEY", help="API key (default: $AVM_TOKEN)")(command)
+    return click.option("--url", metavar="URL",
+                        help="the server (its ws:// URL or http:// base; default: $AVM_URL, else "
+                             "ws://127.0.0.1:8080/ws)")(command)
+
+
+def env_token() -> str | None:
+    token = ClientSettings().token
+    return token.get_secret_value() if token else None
+
+
+def server(url: str | None, token: str | None) -> tuple[str, str | None]:
+    """The server and key given, else those of the environment."""
+    return ClientSettings().url if url is None else url, env_token() if token is None else token

@@ -4,13 +4,14 @@ with the fix (exit 2)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Awaitable, Callable
 
 import httpx
 
 from agentvm_client.management import ManagementClient, ManagementError, http_base
+from avm.runner import Args
+from avm.server_args import server
 
 
 def unreachable(command: str, url: str, exc: Exception, *, local: bool) -> str:
@@ -22,9 +23,10 @@ def unreachable(command: str, url: str, exc: Exception, *, local: bool) -> str:
     return f"avm {command}: cannot reach {http_base(url)} ({reason}): {fix}"
 
 
-async def over_server(args: argparse.Namespace, command: str, work: Callable[[ManagementClient], Awaitable[int]],
+async def over_server(args: Args, command: str, work: Callable[[ManagementClient], Awaitable[int]],
                       *, local: bool = False, timeout: float = 30) -> int:
-    async with ManagementClient(args.url, token=args.token, timeout=timeout) as avm:
+    url, token = server(args.url, args.token)
+    async with ManagementClient(url, token=token, timeout=timeout) as avm:
         try:
             return await work(avm)
         except ManagementError as exc:
@@ -32,5 +34,5 @@ async def over_server(args: argparse.Namespace, command: str, work: Callable[[Ma
             print(f"avm {command}: {exc.message}{hint}", file=sys.stderr)
             return 1
         except httpx.HTTPError as exc:
-            print(unreachable(command, args.url, exc, local=local), file=sys.stderr)
+            print(unreachable(command, url, exc, local=local), file=sys.stderr)
             return 2

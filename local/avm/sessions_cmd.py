@@ -5,37 +5,55 @@ stderr when it is a terminal."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import os
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+import click
 
 from agentvm_client.management import ManagementClient
 from avm import sessions_read
-from avm.server_args import add_action, add_server_options
+from avm.runner import Args, Group, run
+from avm.server_args import server_options
 from avm.server_call import over_server
 
 BAR_MIN_BYTES = 1024 * 1024  # smaller archives move too fast for a bar to say anything
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("sessions", help="your sessions on a server: list, show, search, export, import")
-    add_server_options(p)
-    actions = p.add_subparsers(dest="sessions_command", required=True)
-    sessions_read.register(actions)
-    e = add_action(actions, "export", help="write a session (image snapshot, messages, turns, usage) as JSON")
-    e.add_argument("session_id", metavar="SESSION_ID")
-    e.add_argument("--out", "-o", type=Path, help="the file to write (default: standard output)")
-    e.add_argument("--include-secrets", action="store_true",
-                   help="keep the image's secrets (MCP server env values, headers, URL tokens) in the archive, "
-                        "a file then readable by you only; without it they are written as <redacted>")
-    i = add_action(actions, "import", help="restore an archive into a container (a new image and session)")
-    i.add_argument("file", metavar="FILE", help="the archive ('-': standard input)")
-    i.add_argument("--container", "-c", required=True, help="the container to restore into (created if needed)")
+@click.group(cls=Group, short_help="your sessions on a server: list, show, search, export, import",
+             help="Your sessions on a running server, over its HTTP API (--url, --token; default "
+                  "$AVM_URL/$AVM_TOKEN): list, show and search them; export one as a portable archive and "
+                  "import it into any container (docs/sessions.md).")
+@server_options
+def sessions(**_: Any) -> None:
+    pass
+
+
+for read_command in (sessions_read.list_, sessions_read.show, sessions_read.search):
+    sessions.add_command(read_command)
+
+
+@sessions.command(help="Write a session (image snapshot, messages, turns, usage) as JSON.")
+@click.argument("session_id", metavar="SESSION_ID")
+@click.option("--out", "-o", type=click.Path(path_type=Path), help="the file to write (default: standard output)")
+@click.option("--include-secrets", is_flag=True,
+              help="keep the image's secrets (MCP server env values, headers, URL tokens) in the archive, a file "
+                   "then readable by you only; without it they are written as <redacted>")
+@server_options
+def export(**_: Any) -> int:
+    return run(run_archive)
+
+
+@sessions.command("import", help="Restore an archive into a container (a new image and session).")
+@click.argument("file", metavar="FILE")
+@click.option("--container", "-c", required=True, help="the container to restore into (created if needed)")
+@server_options
+def import_(**_: Any) -> int:
+    return run(run_archive)
 
 
 class ProgressBar:
@@ -91,20 +109,18 @@ def _read(name: str) -> bytes:
     return sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
 
 
-async def run_sessions(args: argparse.Namespace) -> int:
-    if args.sessions_command in ("list", "show", "search"):
-        return await over_server(args, "sessions", lambda avm: sessions_read.run(avm, args))
+async def run_archive(args: Args) -> int:
     archive = b""
-    if args.sessions_command == "import":  # a missing file: one line, before any request
+    if args.action == "import":  # a missing file: one line, before any request
         try:
             archive = await asyncio.to_thread(_read, args.file)
         except OSError as exc:
             return _fail(exc)
-    bar = ProgressBar("exporting" if args.sessions_command == "export" else "importing")
+    bar = ProgressBar("exporting" if args.action == "export" else "importing")
 
     async def work(avm: ManagementClient) -> int:
         try:
-            if args.sessions_command == "export":
+            if args.action == "export":
                 data = await avm.sessions.export_bytes(args.session_id, include_secrets=args.include_secrets,
                                                        progress=bar)
                 bar.close()

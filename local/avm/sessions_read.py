@@ -4,41 +4,69 @@ Plain lines for people; `--json` for scripts (one JSON document on standard outp
 
 from __future__ import annotations
 
-import argparse
 import html
 import re
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+import click
 import orjson
 
 from agentvm_client.management import ManagementClient
-from avm.server_args import add_action
+from avm.runner import Args, Command, run
+from avm.server_args import F, server_options
+from avm.server_call import over_server
 
 JSON = dict[str, Any]
 _MARK = re.compile(r"<mark>(.*?)</mark>", re.S)
 _TAG = re.compile(r"<[^>]+>")
 
 
-def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    ls = add_action(actions, "list", help="your sessions, newest first (every image's, or one image's)")
-    ls.add_argument("--image", metavar="IMAGE_ID", help="only this image's sessions")
-    _paging(ls, default=20)
-    sh = add_action(actions, "show", help="one session: its image, turns and cost, and its conversation")
-    sh.add_argument("session_id", metavar="SESSION_ID")
-    sh.add_argument("--json", action="store_true", help="the session, messages and turns as one JSON document")
-    se = add_action(actions, "search", help="full-text search of your messages, best first")
-    se.add_argument("query", metavar="WORDS", nargs="+", help="every word must appear (plain words, no syntax)")
-    _paging(se, default=10)
+def paging(default: int) -> Callable[[F], F]:
+    """--limit, --cursor, --all and --json of a command that answers in pages."""
+    options = [
+        click.option("--limit", type=int, default=default, help=f"at most this many a page (1-200, default {default})"),
+        click.option("--cursor", help="the page after a previous answer's (printed at its end)"),
+        click.option("--all", "every", is_flag=True, help="every page, not only the first"),
+        click.option("--json", "as_json", is_flag=True, help="the items (and nextCursor) as one JSON document"),
+    ]
+
+    def apply(command: F) -> F:
+        for option in reversed(options):  # the last applied is listed first
+            command = option(command)
+        return command
+    return apply
 
 
-def _paging(p: argparse.ArgumentParser, *, default: int) -> None:
-    p.add_argument("--limit", type=int, default=default, help=f"at most this many a page (1-200, default {default})")
-    p.add_argument("--cursor", help="the page after a previous answer's (printed at its end)")
-    p.add_argument("--all", action="store_true", help="every page, not only the first")
-    p.add_argument("--json", action="store_true", help="the items (and nextCursor) as one JSON document")
+@click.command("list", cls=Command, help="Your sessions, newest first (every image's, or one image's).")
+@click.option("--image", metavar="IMAGE_ID", help="only this image's sessions")
+@paging(20)
+@server_options
+def list_(**_: Any) -> int:
+    return run(read)
+
+
+@click.command(cls=Command, help="One session: its image, turns and cost, and its conversation.")
+@click.argument("session_id", metavar="SESSION_ID")
+@click.option("--json", "as_json", is_flag=True, help="the session, messages and turns as one JSON document")
+@server_options
+def show(**_: Any) -> int:
+    return run(read)
+
+
+@click.command(cls=Command, help="Full-text search of your messages, best first.")
+@click.argument("query", metavar="WORDS...", nargs=-1, required=True)
+@paging(10)
+@server_options
+def search(**_: Any) -> int:
+    return run(read)
+
+
+async def read(args: Args) -> int:
+    return await over_server(args, "sessions", lambda avm: _read(avm, args))
 
 
 def when(ms: Any) -> str:
@@ -53,28 +81,28 @@ def plain_snippet(snippet: str, *, bold: bool) -> str:
     return html.unescape(_TAG.sub("", marked)).replace("\n", " ")
 
 
-async def run(avm: ManagementClient, args: argparse.Namespace) -> int:
-    if args.sessions_command == "show":
+async def _read(avm: ManagementClient, args: Args) -> int:
+    if args.action == "show":
         return await _show(avm, args)
     if not 1 <= args.limit <= 200:
-        print(f"avm sessions {args.sessions_command}: --limit: must be 1 to 200, not {args.limit}", file=sys.stderr)
+        print(f"avm sessions {args.action}: --limit: must be 1 to 200, not {args.limit}", file=sys.stderr)
         return 2
     items: list[JSON] = []
     cursor = args.cursor
     while True:
-        if args.sessions_command == "list":
+        if args.action == "list":
             page = await avm.sessions.page(image_id=args.image, limit=args.limit, cursor=cursor)
         else:
             page = await avm.sessions.search(" ".join(args.query), limit=args.limit, cursor=cursor)
         items += page["items"]
         cursor = page.get("nextCursor")
-        if not args.all or cursor is None:
+        if not args.every or cursor is None:
             break
-    if args.json:
+    if args.as_json:
         sys.stdout.write(orjson.dumps({"items": items, "nextCursor": cursor}, option=orjson.OPT_INDENT_2).decode()
                          + "\n")
         return 0
-    if args.sessions_command == "list":
+    if args.action == "list":
         for s in items:
             print(f"{s['sessionId']}  {when(s.get('createdAt'))}  {s['imageId']}  {s['containerId']}  "
                   f"{s.get('title') or '-'}")
@@ -92,13 +120,13 @@ async def run(avm: ManagementClient, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _show(avm: ManagementClient, args: argparse.Namespace) -> int:
+async def _show(avm: ManagementClient, args: Args) -> int:
     from avm.chat_render import describe_message
 
     session = (await avm.sessions.get(args.session_id)).data
     messages = await avm.sessions.messages(args.session_id)
     turns = await avm.sessions.turns(args.session_id)
-    if args.json:
+    if args.as_json:
         doc = {"session": session, "messages": messages, "turns": turns}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0

@@ -57,7 +57,10 @@ USAGE = 'curl -s "http://127.0.0.1:8080/v1/usage?period=$(date -u +%Y-%m)&groupB
 PY_CLIENT = "from agentvm_client import AgentVMClient"
 PY_MANAGEMENT = "from agentvm_client import ManagementClient"
 FRAGMENT = 'config = {"name": "Coder", "tools":'  # continues the PY_CLIENT program: run with its `avm`
-RUN = (SERVE, CHAT, CHAT_IMAGE, SSE, USAGE, PY_CLIENT, PY_MANAGEMENT, FRAGMENT)
+SESSIONS = ".venv/bin/avm sessions list"
+HELP = ".venv/bin/avm --help"
+COMPLETION = 'eval "$(_AVM_COMPLETE=bash_source .venv/bin/avm)"'
+RUN = (SERVE, CHAT, CHAT_IMAGE, SSE, USAGE, PY_CLIENT, PY_MANAGEMENT, FRAGMENT, SESSIONS, HELP, COMPLETION)
 AGENTX = 'import { createAgentX } from "agentxjs";'
 PROGRAMS = {PY_CLIENT, PY_MANAGEMENT, AGENTX, FRAGMENT}  # keys of ```python and ```js blocks
 
@@ -319,6 +322,24 @@ def test_the_readme_quick_start_runs_literally(tmp_path: Path) -> None:
             usage = json.loads(env.sh(units[USAGE][1]))
             assert usage["groupBy"] == ["model"] and usage["total"]["calls"] == turns
             assert [(r["model"], r["calls"]) for r in usage["rows"]] == [("scripted", turns)]
+
+        listed = [env.sh(units[SESSIONS][1]) for _ in range(2)]  # reading twice changes nothing
+        assert listed[0] == listed[1]
+        rows = [re.fullmatch(r"(sess_\S+)  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  (img_\S+)  (\S+)  .+", line)
+                for line in listed[0].splitlines()]
+        assert rows and all(rows), listed[0]
+        chat_images = {m.group(2): m.group(3) for m in rows if m is not None and m.group(2) in images}
+        assert sorted(chat_images) == sorted(images)  # `avm chat`'s two images, in its container user-<login>
+        assert all(container.startswith("user-") for container in chat_images.values()), chat_images
+        for _ in range(2):
+            shown = env.sh(units[HELP][1])
+            assert shown.startswith("Usage: avm [OPTIONS] COMMAND [ARGS]...\n")
+            commands = shown.split("\nCommands:\n", 1)[1]
+            assert [line.split()[0] for line in commands.splitlines() if line.startswith("  ") and
+                    not line.startswith("   ")] == ["budgets", "chat", "config", "doctor", "keys", "serve",
+                                                    "sessions", "usage"]
+        for _ in range(2):  # the completion script defines the completion of `avm` in the shell that runs it
+            assert env.sh(units[COMPLETION][1] + "; complete -p avm") == "complete -o nosort -F _avm_completion avm\n"
         assert "Traceback" not in srv.log()
     assert list(env.home.iterdir()) == []  # nothing written under $HOME (no ~/.agentvm)
 

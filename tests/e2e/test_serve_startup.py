@@ -50,12 +50,12 @@ def assert_refused(out: subprocess.CompletedProcess[str], line: str) -> None:
     (["--port", "abc"], "avm serve: --port abc: must be a whole number from 0 to 65535 (0 picks a free port)"),
     (["--port", "70000"], "avm serve: --port 70000: must be a whole number from 0 to 65535 (0 picks a free port)"),
     (["--port", "-1"], "avm serve: --port -1: must be a whole number from 0 to 65535 (0 picks a free port)"),
-    (["--port"], "avm serve: argument --port: expected one argument (see avm serve --help)"),
+    (["--port"], "avm serve: Option '--port' requires an argument (see avm serve --help)"),
     (["--script", "{tmp}/missing.yaml"], "avm serve: --script {tmp}/missing.yaml is not a readable file: pass the "
                                          "path of a YAML or JSON script (docs/configuration.md, script_path)"),
     (["--unsafe-unsandboxed-tools=yes"],
-     "avm serve: argument --unsafe-unsandboxed-tools: ignored explicit argument 'yes' (see avm serve --help)"),
-    (["--bogus"], "avm: unrecognized arguments: --bogus (see avm --help)"),
+     "avm serve: Option '--unsafe-unsandboxed-tools' does not take a value (see avm serve --help)"),
+    (["--bogus"], "avm serve: No such option '--bogus'. Did you mean '--host'? (see avm serve --help)"),
 ])
 def test_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path: Path, flags: list[str], line: str) -> None:
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]

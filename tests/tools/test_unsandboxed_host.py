@@ -6,7 +6,6 @@ reach the server's own port on 127.0.0.1."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -144,13 +143,17 @@ async def test_the_unsafe_opt_in_runs_tools_and_is_shouted(traversable_dir: Path
 
 
 def test_the_opt_in_is_a_flag_and_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from avm.serve_cmd import flag_values, register, settings_from
+    from avm.runner import arguments
+    from avm.serve_cmd import flag_values, serve, settings_from
 
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
-    flagged = settings_from(flag_values(parser.parse_args(["serve", "--unsafe-unsandboxed-tools"])))
+    def parsed(*argv: str) -> dict[str, object]:
+        return flag_values(arguments(serve.make_context("serve", list(argv))))
+
+    assert parsed("--unsafe-unsandboxed-tools") == {"unsafe_unsandboxed_tools": True}
+    assert parsed() == {}
+    flagged = settings_from(parsed("--unsafe-unsandboxed-tools"))
     assert isinstance(flagged, Settings) and flagged.unsafe_unsandboxed_tools is True
-    plain = settings_from(flag_values(parser.parse_args(["serve"])))
+    plain = settings_from(parsed())
     assert isinstance(plain, Settings) and plain.unsafe_unsandboxed_tools is False
     monkeypatch.setenv("AVM_UNSAFE_UNSANDBOXED_TOOLS", "1")
     assert Settings().unsafe_unsandboxed_tools is True
