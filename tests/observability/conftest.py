@@ -10,6 +10,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentvm.observability import tracing
+from tests.aws_fixtures import aws_env, moto_endpoint
+
+__all__ = ["aws_env", "moto_endpoint", "spans"]
 
 
 @pytest.fixture

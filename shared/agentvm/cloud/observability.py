@@ -264,7 +264,9 @@ class Observability:
             self.logger.thread_safe_append_keys(**keys)
             self._current.metrics = metrics = InvocationMetrics(self.function)
             try:
-                with tracing.span(self.function, _invocation_attributes(self.function, keys, event)):
+                headers = event.get("headers") if isinstance(event, dict) else None
+                with tracing.span(self.function, _invocation_attributes(self.function, keys, event),
+                                  carrier=headers if isinstance(headers, dict) else None):
                     return traced(event, context)
             finally:
                 tracing.flush()  # OpenTelemetry spans leave before the environment is frozen

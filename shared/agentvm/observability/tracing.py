@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from decimal import Decimal
 from typing import Any, Final, Protocol
 
@@ -60,6 +60,7 @@ _lock = threading.Lock()
 _decided = False
 _tracer: Any = None
 _provider: Any = None
+_owned = False  # the provider was built here (not given by a test): `reset` shuts it down
 # work queued in this process -> the context it was queued in (its parent when it runs): a turn runs in
 # its session's task, which was started by whichever message found the session idle
 _origins: OrderedDict[str, Any] = OrderedDict()
@@ -81,24 +82,27 @@ def wanted(env: Mapping[str, str] | None = None) -> bool:
 def setup(provider: Any = None) -> bool:
     """Decide once whether to trace (or, with `provider`, trace to that SDK TracerProvider: the tests'
     in-memory exporter). True when tracing is on."""
-    global _decided, _tracer, _provider
+    global _decided, _tracer, _provider, _owned
     with _lock:
         if provider is not None:
             provider.add_span_processor(_redactor())
-            _provider, _tracer, _decided = provider, provider.get_tracer("agentvm"), True
+            _provider, _tracer, _decided, _owned = provider, provider.get_tracer("agentvm"), True, False
         elif not _decided:
             _decided = True
             if wanted():
                 _provider = _build_provider()
                 _tracer = None if _provider is None else _provider.get_tracer("agentvm")
+                _owned = _provider is not None
         return _tracer is not None
 
 
 def reset() -> None:
     """Forget the decision (tests): the next `span()` decides again from the environment."""
-    global _decided, _tracer, _provider
+    global _decided, _tracer, _provider, _owned
     with _lock:
-        _decided, _tracer, _provider = False, None, None
+        if _owned:
+            _provider.shutdown()
+        _decided, _tracer, _provider, _owned = False, None, None, False
         _origins.clear()
 
 
@@ -106,11 +110,12 @@ def enabled() -> bool:
     return _tracer is not None if _decided else setup()
 
 
-def span(name: str, attributes: Mapping[str, Value] | None = None, *,
-         origin: str | None = None) -> contextlib.AbstractContextManager[SpanLike]:
+def span(name: str, attributes: Mapping[str, Value] | None = None, *, origin: str | None = None,
+         carrier: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[SpanLike]:
     """A span, current while the `with` block runs: a child of the context `remember(origin)` kept,
     else of the current one (unless that span has ended: then the root of a new trace). Attributes
-    with None values are left out; a Decimal is written as its text."""
+    with None values are left out; a Decimal is written as its text. `carrier`: a request's headers,
+    whose W3C `traceparent` (when there is one) makes the span a child of the caller's."""
     if not _decided:
         setup()
     tracer = _tracer
@@ -122,7 +127,23 @@ def span(name: str, attributes: Mapping[str, Value] | None = None, *,
             parent = _origins.pop(origin, None)
         if parent is None:
             parent = _unless_ended()
+    if carrier is not None and any(isinstance(k, str) and k.lower() == "traceparent" for k in carrier):
+        from opentelemetry import propagate
+
+        parent = propagate.extract({k.lower(): v for k, v in carrier.items() if isinstance(v, str)})
     return _live(tracer, name, attributes, parent)
+
+
+def inject(headers: MutableMapping[str, Any]) -> None:
+    """Put the current span's context in `headers` (W3C traceparent, replacing any): the span a server
+    opens for that request (FastAPI's) is then a child of the current one (a Lambda invocation's)."""
+    if _tracer is None:
+        return
+    from opentelemetry import propagate
+
+    for key in [k for k in headers if isinstance(k, str) and k.lower() in ("traceparent", "tracestate")]:
+        del headers[key]
+    propagate.inject(headers)
 
 
 def _unless_ended() -> Any:
