@@ -12,11 +12,13 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from agentvm.observability import tracing
 from tests.bench.cold_imports import lambda_env
+from tests.support.servers import start_serve, stop_serve
 
 REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS = sorted(p.name for p in (REPO / "functions").iterdir() if (p / "handler.py").is_file())
@@ -178,7 +180,29 @@ def test_an_unsupported_protocol_is_refused_naming_the_variable(monkeypatch: pyt
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     tracing.reset()
     try:
-        with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc' is not supported"):
+        with pytest.raises(tracing.TracingSetupError, match=r"^OTEL_EXPORTER_OTLP_PROTOCOL=grpc: not supported: "):
             tracing.setup()
     finally:
         tracing.reset()
+
+
+def test_avm_serve_refuses_an_unsupported_protocol_in_one_line(tmp_path: Path) -> None:
+    env = child_env({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    proc = subprocess.run([sys.executable, "-m", "avm.cli", "serve", "--port", "0", "--data-dir", str(tmp_path / "d")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "avm serve: OTEL_EXPORTER_OTLP_PROTOCOL=grpc: not supported: AgentVM exports OTLP over http/protobuf "
+        "(a collector's port 4318): unset it or set http/protobuf")
+    assert "Traceback" not in proc.stderr
+
+
+def test_avm_serve_with_the_console_exporter_writes_its_request_spans(tmp_path: Path) -> None:
+    sp = start_serve(tmp_path / "data", env={"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "avm-e2e"})
+    try:
+        assert httpx.get(f"{sp.http}/health", timeout=5).status_code == 200
+    finally:
+        stop_serve(sp)  # SIGTERM: uvicorn re-raises it after the lifespan's end, which flushed the spans
+    log = sp.log()
+    assert '"name": "GET /health"' in log and '"service.name": "avm-e2e"' in log
+    assert '"http.response.status_code": 200' in log

@@ -35,6 +35,10 @@ SERVICE: Final = "agentvm"
 Value = str | bool | int | float | Decimal | tuple[str, ...] | None
 
 
+class TracingSetupError(ValueError):
+    """An OTEL_* variable asks for what AgentVM cannot export (the message names it and what it accepts)."""
+
+
 class SpanLike(Protocol):
     def set_attribute(self, key: str, value: Any) -> None: ...
 
@@ -243,11 +247,12 @@ def _build_provider() -> Any:
     off) when the `otel` extra is not installed."""
     exporter_name = (os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() or "otlp").split(",")[0].strip()
     if exporter_name not in ("otlp", "console"):
-        raise ValueError(f"OTEL_TRACES_EXPORTER: {exporter_name!r} is not supported (otlp, console or none)")
+        raise TracingSetupError(f"OTEL_TRACES_EXPORTER={exporter_name}: not supported: set otlp, console or none")
     protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
                 or "http/protobuf").strip().lower()
     if exporter_name == "otlp" and protocol != "http/protobuf":
-        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not supported (http/protobuf)")
+        raise TracingSetupError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol}: not supported: AgentVM exports OTLP "
+                                "over http/protobuf (a collector's port 4318): unset it or set http/protobuf")
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
