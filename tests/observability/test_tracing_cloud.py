@@ -76,9 +76,13 @@ async def test_the_handlers_emit_invocation_message_and_turn_spans_flushed_befor
         "agentvm.list_cost_usd": (turn.attributes or {})["agentvm.list_cost_usd"]}
     assert (turn.attributes or {})["agentvm.session_id"] == image["sessionId"]
 
-    # the turn runs under a chat_turn invocation's span: the root of its trace
+    # the turn runs under a chat_turn invocation's span, which continues the trace of the frame that
+    # queued the turn (its traceparent rides in the invoke's payload)
     invocation = next(s for s in named(finished, "chat_turn") if span_id(s) == parent_id(turn))
-    assert invocation.parent is None and invocation.kind == SpanKind.INTERNAL
+    send = one(finished, "ws.message", agentvm__command="message_send")
+    assert parent_id(invocation) == span_id(send) and invocation.kind == SpanKind.INTERNAL
+    assert invocation.context is not None and send.context is not None and turn.context is not None
+    assert invocation.context.trace_id == send.context.trace_id == turn.context.trace_id
     assert (invocation.attributes or {})["faas.name"] == "chat_turn"
     assert (invocation.attributes or {})["faas.trigger"] == "other"
     assert (invocation.attributes or {})["cloud.provider"] == "aws"

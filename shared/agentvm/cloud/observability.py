@@ -264,9 +264,8 @@ class Observability:
             self.logger.thread_safe_append_keys(**keys)
             self._current.metrics = metrics = InvocationMetrics(self.function)
             try:
-                headers = event.get("headers") if isinstance(event, dict) else None
                 with tracing.span(self.function, _invocation_attributes(self.function, keys, event),
-                                  carrier=headers if isinstance(headers, dict) else None):
+                                  carrier=_trace_carrier(event)):
                     return traced(event, context)
             finally:
                 tracing.flush()  # OpenTelemetry spans leave before the environment is frozen
@@ -295,6 +294,15 @@ class Observability:
             keys["connection_id"] = request.get("connectionId")
             keys["api_request_id"] = request.get("requestId")
         return {k: v for k, v in keys.items() if v is not None}
+
+
+def _trace_carrier(event: Any) -> Mapping[str, Any] | None:
+    """Where a caller's W3C traceparent is: an API Gateway event's headers, or (chat_turn's invoke from
+    LambdaDispatcher) the payload itself."""
+    if not isinstance(event, dict):
+        return None
+    headers = event.get("headers")
+    return headers if isinstance(headers, dict) else event
 
 
 def _invocation_attributes(function: str, keys: Mapping[str, Any], event: Any) -> dict[str, tracing.Value]:
