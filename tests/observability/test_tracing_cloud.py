@@ -5,22 +5,31 @@ minute: only the handlers' flush sends them)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+import uvicorn
+from httpx_sse import aconnect_sse
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
+from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
+from agentvm.cloud.stream_app import create_stream_app
 from agentvm.observability import tracing
 from tests.aws_fixtures import moto_table, put_new_key, without_agentvm_env
 from tests.support.cloud_edge import CloudEdge, cloud_edge, load_handler
 from tests.support.scripts import reference_driver
-from tests.support.spans import named, one, parent_id, span_id
+from tests.support.servers import free_port
+from tests.support.spans import named, one, parent_id, span_id, wait_spans
 from tests.support.stock_client import StockClient
 
 TENANT = "tenant-otel"
@@ -128,3 +137,53 @@ def test_an_invocation_continues_the_callers_trace(spans: InMemorySpanExporter) 
     assert invocation.parent is not None and invocation.parent.span_id == int(caller_span, 16)
     assert invocation.context is not None and invocation.context.trace_id == int(caller_trace, 16)
     assert parent_id(request) == span_id(invocation)
+
+
+@pytest.fixture
+async def stream_app(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch,
+                     batched: InMemorySpanExporter) -> AsyncIterator[tuple[str, str]]:
+    """chat_stream's app under uvicorn (as behind the Lambda Web Adapter), built with traces on."""
+    monkeypatch.setenv("AVM_TABLE_NAME", f"agentvm-{uuid.uuid4().hex[:16]}")
+    monkeypatch.setenv("AVM_AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AVM_WS_ENDPOINT", moto_endpoint)
+    cloud_runtime.reset()
+    rt = cloud_runtime.runtime()
+    await rt.ready()
+    await rt.store.create_table()
+    record, token = new_key(TENANT)
+    await DynamoDBKeys(rt.store).put_key(record)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_stream_app(), host="127.0.0.1", port=port, lifespan="off",
+                                           log_config=None, access_log=False))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.get_running_loop().create_task(server.serve())
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", token
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+        await rt.store.close()
+        cloud_runtime.reset()
+
+
+async def test_chat_stream_flushes_a_requests_spans_and_its_turns(stream_app: tuple[str, str],
+                                                                  batched: InMemorySpanExporter) -> None:
+    base, token = stream_app
+    async with httpx.AsyncClient(base_url=base, timeout=20) as http, aconnect_sse(
+            http, "POST", "/api/v1/chat/completions", json={"agent_type": "chat_basic", "message": "hello cloud"},
+            headers={"authorization": f"Bearer {token}"}) as source:
+        assert source.response.status_code == 200
+        assert [e.event async for e in source.aiter_sse()][-1] == "done"
+    # exported by the app's flush after the request (the batch processor alone would wait a minute)
+    finished = await wait_spans(batched, lambda f: bool(named(f, "POST /api/v1/chat/completions")))
+    request = one(finished, "POST /api/v1/chat/completions")
+    turn = one(finished, "turn")
+    [call] = named(finished, "llm.call")
+    assert request.kind == SpanKind.SERVER and (request.attributes or {})["http.response.status_code"] == 200
+    assert parent_id(turn) == span_id(request) and parent_id(call) == span_id(turn)
+    assert (turn.attributes or {})["agentvm.status"] == "completed"
+    assert (turn.attributes or {})["agentvm.tenant_id"] == TENANT
