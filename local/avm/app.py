@@ -154,7 +154,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
                         sandbox_refusal=lambda: tool_sandbox.refusal, image_deleted=workspace_tools.release)
     sessions = SessionRegistry(deps)
     services = UseCases(deps, sessions)
-    router = CommandRouter(services, hub)
+    router = CommandRouter(services, hub, frame_traces=True)  # a trace per frame, not per connection
     open_principal = Principal(DEFAULT_TENANT)
     keys = SqliteKeys(store)
     authenticator = Authenticator(keys, cache_s=5.0)

@@ -48,8 +48,11 @@ async def test_a_turn_with_a_tool_call_and_an_http_request_make_the_expected_spa
 
     connection = one(finished, "WS /ws")
     assert connection.kind == SpanKind.SERVER and connection.parent is None
+    # each frame the root of its own trace, linked to its connection's span (open for hours)
     messages = named(finished, "ws.message")
-    assert {parent_id(m) for m in messages} == {span_id(connection)}
+    assert {parent_id(m) for m in messages} == {None}
+    assert [[link.context.span_id for link in m.links] for m in messages] == [[span_id(connection)]] * 4
+    assert len({m.context.trace_id for m in messages if m.context is not None}) == 4
     assert sorted(str((m.attributes or {}).get("agentvm.command")) for m in messages) == [
         "None", "container_create", "image_create", "message_send"]  # None: the stock client's subscribe
     send = one(finished, "ws.message", agentvm__command="message_send")
@@ -59,8 +62,8 @@ async def test_a_turn_with_a_tool_call_and_an_http_request_make_the_expected_spa
 
     # the turn: a child of the message that queued it; its LLM calls and tool call its children
     turn = one(finished, "turn")
-    assert parent_id(turn) == span_id(send) and turn.context is not None and connection.context is not None
-    assert turn.context.trace_id == connection.context.trace_id
+    assert parent_id(turn) == span_id(send) and turn.context is not None and send.context is not None
+    assert turn.context.trace_id == send.context.trace_id
     first, second = sorted(named(finished, "llm.call"), key=lambda s: s.start_time or 0)
     tool = one(finished, "tool.call")
     assert {parent_id(first), parent_id(second), parent_id(tool)} == {span_id(turn)}

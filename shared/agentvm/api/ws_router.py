@@ -50,9 +50,13 @@ def _command(frame: Inbound) -> str | None:
 
 
 class CommandRouter:
-    def __init__(self, services: UseCases, fanout: Fanout) -> None:
+    def __init__(self, services: UseCases, fanout: Fanout, *, frame_traces: bool = False) -> None:
+        """`frame_traces`: each frame's span is the root of a trace of its own, linked to the current
+        span (`avm serve`: its connection's, open for hours); else a child of the current span (a
+        Lambda invocation's)."""
         self.s = services
         self.fanout = fanout
+        self.frame_traces = frame_traces
         self._handlers: dict[str, Handler] = {
             "container_create": self._container_create,
             "container_get": self._container_get,
@@ -82,7 +86,7 @@ class CommandRouter:
             return  # transport-level: no span
         with tracing.span("ws.message", {"agentvm.frame": frame.kind, "agentvm.command": _command(frame),
                                          "agentvm.tenant_id": principal.tenant_id,
-                                         "agentvm.connection_id": connection_id}):
+                                         "agentvm.connection_id": connection_id}, new_trace=self.frame_traces):
             await self._handle_frame(principal, connection_id, frame, text)
 
     async def _handle_frame(self, principal: Principal, connection_id: str, frame: Inbound, text: str | bytes) -> None:

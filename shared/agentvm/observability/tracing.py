@@ -115,11 +115,13 @@ def enabled() -> bool:
 
 
 def span(name: str, attributes: Mapping[str, Value] | None = None, *, origin: str | None = None,
-         carrier: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[SpanLike]:
+         carrier: Mapping[str, Any] | None = None,
+         new_trace: bool = False) -> contextlib.AbstractContextManager[SpanLike]:
     """A span, current while the `with` block runs: a child of the context `remember(origin)` kept,
     else of the current one (unless that span has ended: then the root of a new trace). Attributes
     with None values are left out; a Decimal is written as its text. `carrier`: a request's headers,
-    whose W3C `traceparent` (when there is one) makes the span a child of the caller's."""
+    whose W3C `traceparent` (when there is one) makes the span a child of the caller's. `new_trace`:
+    the root of a trace of its own, linked to the current span (a message on a long-lived connection)."""
     if not _decided:
         setup()
     tracer = _tracer
@@ -135,7 +137,13 @@ def span(name: str, attributes: Mapping[str, Value] | None = None, *, origin: st
         from opentelemetry import propagate
 
         parent = propagate.extract({k.lower(): v for k, v in carrier.items() if isinstance(v, str)})
-    return _live(tracer, name, attributes, parent)
+    links = None
+    if new_trace:
+        from opentelemetry import context, trace
+
+        current = trace.get_current_span().get_span_context()
+        parent, links = context.Context(), [trace.Link(current)] if current.is_valid else None
+    return _live(tracer, name, attributes, parent, links)
 
 
 def inject(headers: MutableMapping[str, Any]) -> None:
@@ -201,10 +209,11 @@ def fastapi_telemetry() -> Any:
 
 
 @contextlib.contextmanager
-def _live(tracer: Any, name: str, attributes: Mapping[str, Value] | None, parent: Any) -> Iterator[SpanLike]:
+def _live(tracer: Any, name: str, attributes: Mapping[str, Value] | None, parent: Any,
+          links: Any = None) -> Iterator[SpanLike]:
     from opentelemetry.trace import StatusCode
 
-    with tracer.start_as_current_span(name, context=parent, record_exception=False,
+    with tracer.start_as_current_span(name, context=parent, links=links, record_exception=False,
                                       set_status_on_exception=False) as current:
         if attributes:
             set_attributes(current, attributes)
