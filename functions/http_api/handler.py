@@ -14,6 +14,7 @@ from agentvm.auth.api_keys import Authenticator
 from agentvm.cloud.observability import Count, observe, status_class
 from agentvm.cloud.runtime import loop, runtime
 from agentvm.errors import NotConfigured
+from agentvm.observability import tracing
 from agentvm.services.config import ConfigService
 from agentvm.services.keys import KeyService
 from agentvm.services.resources import ResourceService
@@ -54,6 +55,8 @@ _asgi = Mangum(create_app(api=HttpApi(resources=_resources, principal_for=_calle
 @obs.handler
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     loop()  # the environment's loop, shared with the runtime's clients
+    if isinstance(event.get("headers"), dict):
+        tracing.inject(event["headers"])  # FastAPI's request span: a child of this invocation's
     response = _asgi(event, context)
     # totals only (a path holds ids; a status dimension would be billed per value): an error answer's
     # status is in its log line, and 5xx are counted apart for alarms

@@ -45,6 +45,7 @@ from agentvm.hosting.recovery import recover_unfinished_turns
 from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.ids import now_ms
 from agentvm.logs import CONSOLE_TEXT
+from agentvm.observability import tracing
 from agentvm.ports import Driver
 from agentvm.sandbox.quota import DiskPolicy, free_space
 from agentvm.sandbox.uids import ToolUids
@@ -156,7 +157,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
                         sandbox_refusal=lambda: tool_sandbox.refusal, image_deleted=workspace_tools.release)
     sessions = SessionRegistry(deps)
     services = UseCases(deps, sessions)
-    router = CommandRouter(services, hub)
+    router = CommandRouter(services, hub, frame_traces=True)  # a trace per frame, not per connection
     open_principal = Principal(DEFAULT_TENANT)
     keys = SqliteKeys(store)
     authenticator = Authenticator(keys, cache_s=5.0)
@@ -190,6 +191,8 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
             await sessions.shutdown()
             await mcp.close()
             await store.close()
+            # batched spans leave now: uvicorn ends the process by re-raising SIGTERM, with no atexit
+            await asyncio.to_thread(tracing.flush)
 
     callers = HttpCallers(authenticator, open_tenant=None if keyed else DEFAULT_TENANT)
 

@@ -232,6 +232,7 @@ async def _serve(args: Args) -> int:
     from agentvm.adapters.local.local_env import ProcessEnv
     from agentvm.adapters.local.sqlite_integrity import check_database
     from agentvm.logs import setup_logging
+    from agentvm.observability import tracing
     from agentvm.services.config import check_startup
     from avm.app import banner, build_runtime, uvicorn_config
 
@@ -249,6 +250,10 @@ async def _serve(args: Args) -> int:
         where = exc.filename or log_file
         raise StartupRefused(f"the log file {log_file} cannot be opened ({where}: {exc.strerror}): move that away "
                              "or pass another --data-dir") from None
+    try:
+        tracing.setup()  # the OTEL_* variables (docs/observability.md, "Traces"): a bad one is one line
+    except tracing.TracingSetupError as exc:
+        raise StartupRefused(str(exc)) from None
     # a damaged database stops start-up here with one line (which file, what to do), before anything reads it
     check_database(settings.database_path(), budget_s=settings.db_check_s)
     _check_auth(settings)

@@ -23,6 +23,7 @@ from agentvm.api.request_gate import BodyLimit, RequestGate, resolved_once
 from agentvm.api.resources_http import resources_router
 from agentvm.domain.models import Principal
 from agentvm.errors import PayloadTooLarge
+from agentvm.observability import tracing
 from agentvm.services.config import ConfigService
 from agentvm.services.resources import ResourceService
 
@@ -134,7 +135,8 @@ def _public_paths(app: FastAPI) -> set[str]:
 
 def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
                api: HttpApi | None = None) -> FastAPI:
-    app = FastAPI(title="AgentVM", version=__version__, lifespan=lifespan,
+    # FastAPI's own HTTP request and WebSocket spans, on agentvm's provider when OTEL_* turn tracing on
+    app = FastAPI(title="AgentVM", version=__version__, lifespan=lifespan, telemetry=tracing.fastapi_telemetry(),
                   description="AgentVM management API. The AgentX WebSocket protocol is served on /ws.")
 
     generate = app.openapi

@@ -16,9 +16,10 @@ from pydantic import ValidationError
 from agentvm.api.plain_errors import json_path, plain_message
 from agentvm.domain.models import Principal
 from agentvm.errors import AgentVMError, InvalidRequest, public_message
+from agentvm.observability import tracing
 from agentvm.ports import Fanout
 from agentvm.protocol import commands as cmd
-from agentvm.protocol.envelope import classify, encode, event, response
+from agentvm.protocol.envelope import Inbound, classify, encode, event, response
 from agentvm.protocol.events import SystemError
 from agentvm.protocol.messages import content_wire
 from agentvm.protocol.refused import refused_request
@@ -40,10 +41,22 @@ def validation_message(where: str, exc: ValidationError, data: Any = None) -> tu
     return f"{where}: {path}: {plain_message(err)}", path
 
 
+def _command(frame: Inbound) -> str | None:
+    """A request's command name for its span (a known one only: the client chooses the text)."""
+    if frame.kind != "request":
+        return None
+    name = str(frame.body.get("type"))[: -len("_request")]
+    return name if name in cmd.COMMANDS else "unknown"
+
+
 class CommandRouter:
-    def __init__(self, services: UseCases, fanout: Fanout) -> None:
+    def __init__(self, services: UseCases, fanout: Fanout, *, frame_traces: bool = False) -> None:
+        """`frame_traces`: each frame's span is the root of a trace of its own, linked to the current
+        span (`avm serve`: its connection's, open for hours); else a child of the current span (a
+        Lambda invocation's)."""
         self.s = services
         self.fanout = fanout
+        self.frame_traces = frame_traces
         self._handlers: dict[str, Handler] = {
             "container_create": self._container_create,
             "container_get": self._container_get,
@@ -69,6 +82,14 @@ class CommandRouter:
 
     async def handle_frame(self, principal: Principal, connection_id: str, text: str | bytes) -> None:
         frame = classify(text)
+        if frame.kind == "ack":
+            return  # transport-level: no span
+        with tracing.span("ws.message", {"agentvm.frame": frame.kind, "agentvm.command": _command(frame),
+                                         "agentvm.tenant_id": principal.tenant_id,
+                                         "agentvm.connection_id": connection_id}, new_trace=self.frame_traces):
+            await self._handle_frame(principal, connection_id, frame, text)
+
+    async def _handle_frame(self, principal: Principal, connection_id: str, frame: Inbound, text: str | bytes) -> None:
         if frame.kind == "invalid":  # ignored (spec §1.2), unless it is JSON the parser refused
             refused = refused_request(text)
             if refused is None:

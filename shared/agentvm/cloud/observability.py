@@ -50,6 +50,7 @@ from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from agentvm import logs
 from agentvm.domain.models import Turn, TurnStatus
 from agentvm.logs import REDACTED, redact
+from agentvm.observability import tracing
 
 SERVICE: Final = "agentvm"
 NAMESPACE: Final = "AgentVM"
@@ -263,8 +264,11 @@ class Observability:
             self.logger.thread_safe_append_keys(**keys)
             self._current.metrics = metrics = InvocationMetrics(self.function)
             try:
-                return traced(event, context)
+                with tracing.span(self.function, _invocation_attributes(self.function, keys, event),
+                                  carrier=_trace_carrier(event)):
+                    return traced(event, context)
             finally:
+                tracing.flush()  # OpenTelemetry spans leave before the environment is frozen
                 self._current.metrics = None
                 try:
                     if metrics:
@@ -290,6 +294,24 @@ class Observability:
             keys["connection_id"] = request.get("connectionId")
             keys["api_request_id"] = request.get("requestId")
         return {k: v for k, v in keys.items() if v is not None}
+
+
+def _trace_carrier(event: Any) -> Mapping[str, Any] | None:
+    """Where a caller's W3C traceparent is: an API Gateway event's headers, or (chat_turn's invoke from
+    LambdaDispatcher) the payload itself."""
+    if not isinstance(event, dict):
+        return None
+    headers = event.get("headers")
+    return headers if isinstance(headers, dict) else event
+
+
+def _invocation_attributes(function: str, keys: Mapping[str, Any], event: Any) -> dict[str, tracing.Value]:
+    """The FaaS semantic-convention attributes of an invocation's OpenTelemetry span."""
+    request = event.get("requestContext") if isinstance(event, dict) else None
+    trigger = "http" if isinstance(request, dict) else "other"
+    return {"faas.name": function, "faas.trigger": trigger, "faas.invocation_id": keys.get("function_request_id"),
+            "faas.coldstart": bool(keys.get("cold_start")), "cloud.provider": "aws",
+            "agentvm.connection_id": keys.get("connection_id")}
 
 
 def observe(function: str) -> Observability:

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentvm.domain.models import Principal
 from agentvm.errors import NotConfigured
+from agentvm.observability import tracing
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -276,6 +277,8 @@ class RequestScopes:
         finally:
             _current.reset(token)
             await asyncio.shield(request_scope.close())
+            if tracing.enabled():  # the request's and its turns' spans, before Lambda freezes the process
+                await asyncio.to_thread(tracing.flush)
 
 
 def create_stream_app(runtime: Any = None) -> FastAPI:

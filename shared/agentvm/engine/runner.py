@@ -48,6 +48,7 @@ from agentvm.engine.history import SessionHistory
 from agentvm.errors import AgentVMError, UpstreamError
 from agentvm.ids import message_id, now_ms
 from agentvm.money import DEFAULT_MARKUP, Cost, ModelPrice, cost_of, money_text
+from agentvm.observability import tracing
 from agentvm.ports import CallMeter, Driver, Store, ToolRunner
 from agentvm.protocol import events as wire
 from agentvm.protocol import messages as msgs
@@ -123,6 +124,7 @@ class TurnRunner:
         self._llm_calls = 0
         self._started_here = now_ms()  # this tier's start: its sandbox time in the container tier
         self._first_delta_at: int | None = None
+        self._stop_reason: str | None = None
         self.escalated = False
 
     def interrupt(self) -> None:
@@ -156,6 +158,22 @@ class TurnRunner:
         return await self._drive(turn, image, pending=pending)
 
     async def _drive(self, turn: Turn, image: Image, *, pending: list[_Call] | None, fresh: bool = False) -> Turn:
+        with tracing.span("turn", {
+                "agentvm.tenant_id": turn.tenant_id, "agentvm.session_id": turn.session_id,
+                "agentvm.turn_id": turn.turn_id, "agentvm.image_id": turn.image_id,
+                "agentvm.container_id": turn.container_id, "agentvm.tier": self.options.tier,
+                "agentvm.resumed": not fresh}, origin=turn.turn_id) as span:
+            try:
+                return await self._drive_turn(turn, image, pending=pending, fresh=fresh)
+            finally:
+                tracing.set_attributes(span, {
+                    "agentvm.status": str(turn.status), "agentvm.stop_reason": self._stop_reason,
+                    "agentvm.escalated": self.escalated, "agentvm.error_code": turn.error_code,
+                    "gen_ai.response.model": turn.model, "gen_ai.usage.input_tokens": self._usage.input_tokens,
+                    "gen_ai.usage.output_tokens": self._usage.output_tokens, "agentvm.llm_calls": self._llm_calls,
+                    "agentvm.cost_usd": self._billed, "agentvm.list_cost_usd": self._list})
+
+    async def _drive_turn(self, turn: Turn, image: Image, *, pending: list[_Call] | None, fresh: bool) -> Turn:
         model = str(image.config.get("model") or self.options.default_model)
         max_tokens = int(turn.options.get("maxTokens") or image.config.get("maxTokens") or self.options.max_tokens)
         temperature = turn.options.get("temperature")
@@ -242,6 +260,25 @@ class TurnRunner:
             c.result is None and self.tools.needs_sandbox(c.name) for c in calls)
 
     async def _call(self, turn: Turn, request: LLMRequest, msg: _Msg) -> None:
+        """One LLM call in its `llm.call` span (gen_ai.* attributes: model, tokens; never text)."""
+        with tracing.span("llm.call", {
+                "gen_ai.operation.name": "chat", "gen_ai.provider.name": self.driver.name,
+                "gen_ai.request.model": request.model, "gen_ai.request.max_tokens": request.max_tokens,
+                "agentvm.call": self._llm_calls}) as span:
+            try:
+                await self._metered_call(turn, request, msg)
+            finally:
+                u = msg.usage
+                tracing.set_attributes(span, {
+                    "gen_ai.response.model": msg.model, "gen_ai.response.id": msg.message_id,
+                    "gen_ai.response.finish_reasons": (msg.stop_reason,) if msg.stop_reason else None,
+                    "gen_ai.usage.input_tokens": u.input_tokens, "gen_ai.usage.output_tokens": u.output_tokens,
+                    "gen_ai.usage.cache_read.input_tokens": u.cache_read_tokens,
+                    "gen_ai.usage.cache_creation.input_tokens": u.cache_write_tokens,
+                    "agentvm.usage_estimated": msg.estimated, "agentvm.cost_usd": msg.cost.billed,
+                    "agentvm.list_cost_usd": msg.cost.list})
+
+    async def _metered_call(self, turn: Turn, request: LLMRequest, msg: _Msg) -> None:
         """One LLM call: its worst case held on the budgets first, its usage settled once at the end
         (completed, failed or interrupted)."""
         hold = None
@@ -397,13 +434,17 @@ class TurnRunner:
     async def _run_tools(self, calls: list[_Call]) -> list[JSON] | None:
         results: list[JSON] = []
         for call in calls:
-            self.channel.publish("tool_executing", wire.tool_executing(call.id, call.name, call.input))
-            outcome = call.result
-            if outcome is None:
-                ran = await self._child_task(self._run_tool(call))
-                if ran is None:
-                    return None
-                outcome = ran
+            with tracing.span("tool.call", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
+                                            "gen_ai.tool.call.id": call.id}) as span:
+                outcome = call.result
+                self.channel.publish("tool_executing", wire.tool_executing(call.id, call.name, call.input))
+                if outcome is None:
+                    ran = await self._child_task(self._run_tool(call))
+                    if ran is None:
+                        tracing.set_attributes(span, {"agentvm.interrupted": True})
+                        return None
+                    outcome = ran
+                tracing.set_attributes(span, {"agentvm.tool.is_error": outcome.is_error})
             outcome = fit_result(outcome, self.options.max_result_bytes)
             self.channel.publish("tool_result", wire.tool_result(call.id, outcome.output, outcome.is_error))
             body = msgs.tool_result_message(message_id(), call.id, call.name, outcome.output, outcome.is_error,
@@ -450,6 +491,7 @@ class TurnRunner:
         turn.error_code, turn.error_message = code, text
 
     async def _finish(self, turn: Turn, msg: _Msg) -> None:
+        self._stop_reason = msg.stop_reason
         usage = turn.usage = self._usage
         cost = Cost(list=self._list, billed=self._billed)
         turn.list_cost, turn.billed_cost = money_text(cost.list), money_text(cost.billed)

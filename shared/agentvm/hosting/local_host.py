@@ -15,6 +15,7 @@ from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.hosting.session_actor import SessionActor
 from agentvm.hosting.session_events import announce, session_context
 from agentvm.hosting.user_turns import new_user_turn
+from agentvm.observability import tracing
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class SessionRegistry:
         actor = await self.actor_for(image, agent_id)
         async with actor.send_lock:
             new = new_user_turn(p, image, content, options)
+            # the turn's span: a child of this message's, not of whichever started the actor's task
+            tracing.remember(new.turn.turn_id)
             await self.deps.store.commit(Checkpoint(p.tenant_id, image.session_id, messages=[new.message],
                                                     turns=[new.turn]))
             actor.history.extend([new.message])

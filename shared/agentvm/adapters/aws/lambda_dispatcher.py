@@ -6,6 +6,7 @@ import botocore.session
 import orjson
 
 from agentvm.adapters.aws.clients import LazyClient
+from agentvm.observability import tracing
 
 
 class LambdaDispatcher:
@@ -19,5 +20,7 @@ class LambdaDispatcher:
 
     async def start_turns(self, tenant_id: str, session_id: str) -> None:
         client = await self._client.get()
-        payload = orjson.dumps({"tenantId": tenant_id, "sessionId": session_id})
+        body = {"tenantId": tenant_id, "sessionId": session_id}
+        tracing.inject(body)  # with traces on: chat_turn's invocation continues the trace that queued the turns
+        payload = orjson.dumps(body)
         await client.invoke(FunctionName=self.function_name, InvocationType="Event", Payload=payload)
