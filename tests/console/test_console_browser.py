@@ -131,8 +131,34 @@ def test_a_tenant_chats_searches_sees_its_cost_and_manages_keys(tmp_path: Path, 
         assert "story" in [m.lower() for m in page.locator("[data-testid=search-hit] mark").all_inner_texts()]
         w.shot("sessions")
 
+        # export the session as an archive, import it back: a new session with the same conversation
+        with page.expect_download() as exported:
+            page.get_by_role("button", name="Export").first.click()
+        archive = tmp_path / exported.value.suggested_filename
+        exported.value.save_as(archive)
+        assert archive.name.endswith(".session.json")
+        page.get_by_test_id("import-file").set_input_files(str(archive))
+        page.get_by_test_id("import-button").click()
+        page.get_by_test_id("turn-cost").nth(2).wait_for()
+        assert texts(w, "user-message") == ["tool please", "slow story please", "long answer please"]
+        assert "/chat/" in page.url and archive.name.split(".")[0] not in page.url  # a new session id
+
+        # resources: register a prompt, view it, publish a second version
         page.get_by_test_id("nav-resources").click()
         page.get_by_test_id("definition-list").wait_for()
+        page.get_by_test_id("resource-kind").select_option("prompt")
+        page.get_by_test_id("resource-name").fill("greeter")
+        page.get_by_test_id("resource-version").fill("1.0.0")
+        page.get_by_test_id("resource-content").fill('{"text": "You greet people."}')
+        page.get_by_test_id("register-resource").click()
+        page.get_by_role("button", name="greeter").click()
+        assert page.get_by_test_id("resource-view").inner_text() == '{\n  "text": "You greet people."\n}'
+        page.get_by_test_id("new-version").fill("1.1.0")
+        page.get_by_test_id("new-version-content").fill('{"text": "You greet people warmly."}')
+        page.get_by_test_id("publish-version").click()
+        page.get_by_test_id("resource-view").filter(has_text="warmly").wait_for()
+        assert page.get_by_test_id("resource-version-pick").locator("option").all_inner_texts() == ["1.0.0", "1.1.0"] \
+            or page.get_by_test_id("resource-version-pick").locator("option").all_inner_texts() == ["1.1.0", "1.0.0"]
         w.shot("resources")
 
         # the usage page's total is what the turns cost, and what the API says
@@ -145,6 +171,10 @@ def test_a_tenant_chats_searches_sees_its_cost_and_manages_keys(tmp_path: Path, 
         assert shown > 0
         page.wait_for_function("() => window.Chart && Chart.getChart(document.querySelector('canvas'))")
         w.shot("usage")
+        with page.expect_download() as focus:
+            page.get_by_test_id("export-focus").click()
+        csv = Path(focus.value.path()).read_text()
+        assert focus.value.suggested_filename.startswith("agentvm-usage-") and "claude-haiku-4-5" in csv
 
         # a key: created (the token shown once, and it works), then revoked (and refused)
         page.get_by_test_id("nav-admin").click()
@@ -177,8 +207,8 @@ def test_keyboard_only_on_a_phone_sized_screen(tmp_path: Path, browser: Any) -> 
         else:
             pytest.fail("New chat cannot be reached with the Tab key")
         page.keyboard.press("Enter")
-        page.get_by_test_id("message-input").wait_for()
-        assert page.evaluate("document.activeElement.dataset.testid") == "message-input"
+        # the new conversation takes the keyboard: typing goes into the message field
+        page.wait_for_function("() => document.activeElement && document.activeElement.dataset.testid === 'message-input'")
         page.keyboard.type("hello from the keyboard")
         page.keyboard.press("Enter")
         wait_turns(w, 1)

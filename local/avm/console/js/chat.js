@@ -62,8 +62,10 @@ function imageForm(ctx, definitions) {
 }
 
 function sidebar(ctx, images, sessions, imageId, sessionId, definitions) {
-  const imageList = h("ul", { class: "list", testid: "image-list", "aria-label": "Images" },
-    images.map((img) => h("li", { class: img.imageId === imageId ? "selected" : "" },
+  const containers = [...new Set(images.map((img) => img.containerId))];
+  const imageList = h("ul", { class: "list", testid: "image-list", "aria-label": "Images by container" },
+    containers.map((container) => [h("li", { class: "muted", testid: "container", text: `container ${container}` }),
+    images.filter((img) => img.containerId === container).map((img) => h("li", { class: img.imageId === imageId ? "selected" : "" },
       h("a", { href: `#/chat/${img.imageId}`, text: img.name || img.imageId,
                "aria-current": img.imageId === imageId ? "true" : null }),
       h("button", { type: "button", class: "danger", "aria-label": `Delete image ${img.name || img.imageId}`,
@@ -74,7 +76,7 @@ function sidebar(ctx, images, sessions, imageId, sessionId, definitions) {
                         await del(`/v1/images/${encodeURIComponent(img.imageId)}`);
                         ctx.go("#/chat");
                       } catch (error) { ctx.fail(error); }
-                    } }))));
+                    } })))]));
   const sessionList = h("ul", { class: "list", testid: "image-sessions", "aria-label": "Sessions of this image" },
     sessions.map((s) => h("li", { class: s.sessionId === sessionId ? "selected" : "" },
       h("a", { href: `#/chat/${imageId}/${s.sessionId}`, text: s.title || `${s.primary ? "primary · " : ""}${s.sessionId}`,
@@ -82,7 +84,7 @@ function sidebar(ctx, images, sessions, imageId, sessionId, definitions) {
   return h("aside", {},
     h("button", { type: "button", class: "primary", testid: "new-chat", text: "New chat",
                   onclick: () => newChat(imageId, ctx).catch((e) => ctx.fail(e)) }),
-    h("h2", { text: "Images" }), images.length ? imageList : h("p", { class: "muted", text: "No image yet." }),
+    h("h2", { text: "Containers and images" }), images.length ? imageList : h("p", { class: "muted", text: "No image yet." }),
     imageForm(ctx, definitions),
     imageId ? [h("h2", { text: "Sessions" }), sessionList] : null);
 }
@@ -153,6 +155,6 @@ export async function render(main, [imageId, sessionId], ctx) {
   }
   const { panel, input } = conversationPanel(ctx, image, sessionId);
   layout.append(panel);
-  await conversation.load(ctx.agentx);
   input.focus();
+  await conversation.load(ctx.agentx);
 }

@@ -1,7 +1,7 @@
 // Resources and definitions: browse kinds, names and versions, view content, register a version,
 // build an image from a definition.
 
-import { get, post, query } from "./api.js";
+import { get, post, put, query } from "./api.js";
 import { clear, field, h, toast } from "./dom.js";
 
 const KINDS = ["", "prompt", "tool", "sandbox", "agent", "knowledge"];
@@ -21,7 +21,7 @@ function registerForm(ctx, reload) {
   const content = h("textarea", { testid: "resource-content", rows: 6, required: true, placeholder: '{"text": "You are…"}' });
   const form = h("form", {}, h("div", { class: "row" }, h("div", {}, ...field("Kind", kind)), h("div", {}, ...field("Name", name)),
     h("div", {}, ...field("Version", version))), field("Content (JSON)", content),
-    h("button", { type: "submit", class: "primary", testid: "register-resource", text: "Register version" }));
+    h("button", { type: "submit", class: "primary", testid: "register-resource", text: "Register" }));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     try {
@@ -35,12 +35,33 @@ function registerForm(ctx, reload) {
   return form;
 }
 
-async function showResource(id, viewer, ctx) {
+async function showResource(id, viewer, ctx, version) {
   try {
-    const r = await get(`/v1/resources/${encodeURIComponent(id)}`);
-    clear(viewer).append(h("h2", { text: `${r.kind}/${r.name} ${r.version || ""}` }),
-      h("p", { class: "muted", text: [r.description, (r.versions || []).length ? `versions: ${r.versions.join(", ")}` : null].filter(Boolean).join(" · ") }),
-      h("pre", { class: "content", testid: "resource-view", text: JSON.stringify(r.content ?? r, null, 2) }));
+    const r = await get(`/v1/resources/${encodeURIComponent(id)}${query({ version })}`);
+    const versions = (r.versions || []).map((v) => v.version);
+    const pick = h("select", { testid: "resource-version-pick" },
+      versions.map((v) => h("option", { value: v, text: v, selected: v === r.version })));
+    pick.addEventListener("change", () => showResource(id, viewer, ctx, pick.value));
+    const next = h("input", { testid: "new-version", required: true, placeholder: "1.1.0" });
+    const content = h("textarea", { testid: "new-version-content", rows: 5, required: true });
+    content.value = JSON.stringify(r.content ?? {}, null, 2);
+    const form = h("form", {}, h("div", { class: "row" }, h("div", {}, ...field("New version", next))),
+      field("Its content (JSON)", content),
+      h("button", { type: "submit", class: "primary", testid: "publish-version", text: "Publish version" }));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      try {
+        const done = await put(`/v1/resources/${encodeURIComponent(id)}`,
+          { version: next.value.trim(), content: parseJson(content.value, "content") });
+        toast(`Published ${r.kind}/${r.name} ${done.version}`);
+        showResource(id, viewer, ctx, done.version);
+      } catch (error) { ctx.fail(error); }
+    });
+    clear(viewer).append(h("h2", { text: `${r.kind}/${r.name}` }),
+      h("p", { class: "muted", text: [r.uri, r.description].filter(Boolean).join(" · ") }),
+      h("div", { class: "row" }, h("div", {}, ...field("Version", pick))),
+      h("pre", { class: "content", testid: "resource-view", text: JSON.stringify(r.content ?? {}, null, 2) }),
+      h("h2", { text: "Publish a new version" }), form);
   } catch (error) { ctx.fail(error); }
 }
 
@@ -53,8 +74,8 @@ export async function render(main, params, ctx) {
     clear(rows);
     for (const r of page.items || []) {
       rows.append(h("tr", {}, h("td", { text: r.kind }),
-        h("td", {}, h("button", { type: "button", class: "pick", text: r.name, onclick: () => showResource(r.id || r.resourceId, viewer, ctx) })),
-        h("td", { text: r.version || r.latestVersion || "" }), h("td", { text: r.description || "" })));
+        h("td", {}, h("button", { type: "button", class: "pick", text: r.name, onclick: () => showResource(r.resourceId, viewer, ctx) })),
+        h("td", { text: r.version || "" }), h("td", { text: r.description || "" })));
     }
     if (!(page.items || []).length) rows.append(h("tr", {}, h("td", { colspan: 4, class: "muted", text: "No resources." })));
   };
@@ -80,7 +101,7 @@ export async function render(main, params, ctx) {
       h("table", { testid: "resource-list" },
         h("thead", {}, h("tr", {}, ["Kind", "Name", "Version", "Description"].map((t) => h("th", { text: t })))), rows)),
     viewer,
-    h("section", { class: "panel" }, h("h2", { text: "Register a resource version" }), registerForm(ctx, () => reload().catch((e) => ctx.fail(e)))),
+    h("section", { class: "panel" }, h("h2", { text: "Register a resource" }), registerForm(ctx, () => reload().catch((e) => ctx.fail(e)))),
     h("section", { class: "panel" }, h("h2", { text: "Definitions" }), field("Build into container", container), defs));
   await reload();
 }
