@@ -208,7 +208,8 @@ def test_keyboard_only_on_a_phone_sized_screen(tmp_path: Path, browser: Any) -> 
             pytest.fail("New chat cannot be reached with the Tab key")
         page.keyboard.press("Enter")
         # the new conversation takes the keyboard: typing goes into the message field
-        page.wait_for_function("() => document.activeElement && document.activeElement.dataset.testid === 'message-input'")
+        page.wait_for_function(
+            "() => document.activeElement && document.activeElement.dataset.testid === 'message-input'")
         page.keyboard.type("hello from the keyboard")
         page.keyboard.press("Enter")
         wait_turns(w, 1)
