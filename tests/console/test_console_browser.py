@@ -100,7 +100,7 @@ def test_a_tenant_chats_searches_sees_its_cost_and_manages_keys(tmp_path: Path, 
         assert page.get_by_test_id("tool-result").first.text_content() == "a.txt\nb.txt"
 
         # a streamed reply, reloaded in the middle, continues where it was and is shown once
-        send(w, "slow story please")
+        send(w, "slow story please <b>as typed</b>")
         page.get_by_test_id("assistant-message").nth(2).filter(has_text="story").wait_for()
         partial = texts(w, "assistant-message")[2]
         assert SLOW_REPLY.startswith(partial) and partial != SLOW_REPLY, partial
@@ -129,6 +129,9 @@ def test_a_tenant_chats_searches_sees_its_cost_and_manages_keys(tmp_path: Path, 
         page.get_by_test_id("search-button").click()
         page.get_by_test_id("search-hit").first.wait_for()
         assert "story" in [m.lower() for m in page.locator("[data-testid=search-hit] mark").all_inner_texts()]
+        # markup a user typed is shown as typed, never rendered
+        hit = page.get_by_test_id("search-hit").filter(has_text="please")
+        assert "<b>as typed</b>" in hit.inner_text() and hit.locator("b").count() == 0
         w.shot("sessions")
 
         # export the session as an archive, import it back: a new session with the same conversation
@@ -140,7 +143,7 @@ def test_a_tenant_chats_searches_sees_its_cost_and_manages_keys(tmp_path: Path, 
         page.get_by_test_id("import-file").set_input_files(str(archive))
         page.get_by_test_id("import-button").click()
         page.get_by_test_id("turn-cost").nth(2).wait_for()
-        assert texts(w, "user-message") == ["tool please", "slow story please", "long answer please"]
+        assert texts(w, "user-message") == ["tool please", "slow story please <b>as typed</b>", "long answer please"]
         assert "/chat/" in page.url and archive.name.split(".")[0] not in page.url  # a new session id
 
         # resources: register a prompt, view it, publish a second version
@@ -157,8 +160,9 @@ def test_a_tenant_chats_searches_sees_its_cost_and_manages_keys(tmp_path: Path, 
         page.get_by_test_id("new-version-content").fill('{"text": "You greet people warmly."}')
         page.get_by_test_id("publish-version").click()
         page.get_by_test_id("resource-view").filter(has_text="warmly").wait_for()
-        assert page.get_by_test_id("resource-version-pick").locator("option").all_inner_texts() == ["1.0.0", "1.1.0"] \
-            or page.get_by_test_id("resource-version-pick").locator("option").all_inner_texts() == ["1.1.0", "1.0.0"]
+        # the versions, newest first, the new one shown
+        assert page.get_by_test_id("resource-version-pick").locator("option").all_inner_texts() == ["1.1.0", "1.0.0"]
+        assert page.get_by_test_id("resource-version-pick").input_value() == "1.1.0"
         w.shot("resources")
 
         # the usage page's total is what the turns cost, and what the API says

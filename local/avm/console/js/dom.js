@@ -58,7 +58,11 @@ export function usd(value) {
   return `$${n >= 1 ? n.toFixed(2) : n.toFixed(6)}`;
 }
 
-// Text with <mark>…</mark> highlights (the search API's snippets) as nodes: everything else is text.
+const ENTITIES = { "&lt;": "<", "&gt;": ">", "&quot;": '"', "&#x27;": "'", "&#39;": "'", "&amp;": "&" };
+const unescape = (text) => text.replace(/&(lt|gt|quot|#x27|#39|amp);/g, (e) => ENTITIES[e]);
+
+// The search API's snippets: HTML-escaped text with <mark>…</mark> around the matches. Only the marks
+// become elements; the rest is unescaped into text nodes (so "<b>" typed by a user shows as "<b>").
 export function highlighted(snippet) {
   const out = [];
   const parts = String(snippet).split(/(<mark>|<\/mark>)/);
@@ -66,7 +70,7 @@ export function highlighted(snippet) {
   for (const part of parts) {
     if (part === "<mark>") marked = true;
     else if (part === "</mark>") marked = false;
-    else if (part) out.push(marked ? h("mark", { text: part }) : document.createTextNode(part));
+    else if (part) out.push(marked ? h("mark", { text: unescape(part) }) : document.createTextNode(unescape(part)));
   }
   return out;
 }

@@ -16,7 +16,7 @@ function parseJson(text, name) {
 
 function registerForm(ctx, reload) {
   const kind = h("select", { testid: "resource-kind", required: true }, KINDS.slice(1).map((k) => h("option", { value: k, text: k })));
-  const name = h("input", { testid: "resource-name", required: true, pattern: "[a-z0-9][a-z0-9._-]*" });
+  const name = h("input", { testid: "resource-name", required: true, pattern: "[a-z0-9][a-z0-9._\\-]*" });
   const version = h("input", { testid: "resource-version", required: true, placeholder: "1.0.0" });
   const content = h("textarea", { testid: "resource-content", rows: 6, required: true, placeholder: '{"text": "You are…"}' });
   const form = h("form", {}, h("div", { class: "row" }, h("div", {}, ...field("Kind", kind)), h("div", {}, ...field("Name", name)),
