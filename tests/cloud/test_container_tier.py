@@ -200,8 +200,14 @@ async def test_deleting_an_image_stops_its_mcp_servers_in_the_container_task(
         # the delete asked the live task (its record) to stop the server, and the task did, while it runs on
         assert await gone(pid, within_s=5)
         assert not worker.done()
-        item = await cloud.store.client.get_item(
-            TableName=cloud.store.table_name, ConsistentRead=True,
-            Key={"PK": {"S": container_task_pk(TENANT, "c-mcp")}, "SK": {"S": "CTASK"}})
-        assert "stop_mcp" not in item["Item"]  # taken off the record once stopped
+        # taken off the record once stopped (the worker writes that right after the kill: wait for it)
+        deadline = asyncio.get_running_loop().time() + 5
+        while True:
+            item = await cloud.store.client.get_item(
+                TableName=cloud.store.table_name, ConsistentRead=True,
+                Key={"PK": {"S": container_task_pk(TENANT, "c-mcp")}, "SK": {"S": "CTASK"}})
+            if "stop_mcp" not in item["Item"] or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        assert "stop_mcp" not in item["Item"]
         assert await worker == 1

@@ -28,7 +28,7 @@ async def test_health_and_the_stock_client_flow(tmp_path: Path) -> None:
     with serve(tmp_path / "data") as srv:
         async with httpx.AsyncClient() as http:
             health = await http.get(f"{srv.http}/health", timeout=5)
-        assert health.status_code == 200 and health.json() == {"status": "ok", "version": __version__}
+        assert health.status_code == 200 and health.json() == {"status": "ok", "version": __version__, "auth": "open"}
         for path in ("/ws", "/"):
             async with StockClient(f"ws://127.0.0.1:{srv.port}{path}") as c:
                 await c.request("container_create_request", {"containerId": "user-alice"})
