@@ -6,6 +6,7 @@ import botocore.session
 import orjson
 
 from agentvm.adapters.aws.clients import LazyClient
+from agentvm.domain.models import LeaseHandoff
 
 
 class LambdaDispatcher:
@@ -17,7 +18,10 @@ class LambdaDispatcher:
     async def close(self) -> None:
         await self._client.close()
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
         client = await self._client.get()
-        payload = orjson.dumps({"tenantId": tenant_id, "sessionId": session_id})
+        body: dict[str, object] = {"tenantId": tenant_id, "sessionId": session_id}
+        if handoff is not None:
+            body["handoff"] = handoff.to_wire()
+        payload = orjson.dumps(body)
         await client.invoke(FunctionName=self.function_name, InvocationType="Event", Payload=payload)
