@@ -16,6 +16,7 @@ from agentvm.domain.models import (
     Container,
     FileInfo,
     Image,
+    LeaseHandoff,
     LeaseState,
     LoggedEvent,
     ResourceVersion,
@@ -206,12 +207,15 @@ class SessionLeases(Protocol):
     session's turn queue and signals, all on one record so each step is one conditional write."""
 
     async def acquire(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
-                      seq_block: int, *, runner: bool = False) -> LeaseState | None:
+                      seq_block: int, *, runner: bool = False, queue: str | None = None,
+                      handoff: LeaseHandoff | None = None) -> LeaseState | None:
         """The lease (free, expired, or already `owner`'s) with a reserved block of seqs, or None
         when another owner holds it or the session does not exist. The block starts at the seq the
         last holder handed on at its release (`next_seq`), else above everything reserved.
         `runner`: the holder runs turns; it is marked on the record until its `release(runner=True)`,
-        so a marker found there (`LeaseState.dead_runner`) names a runner that died mid-turn."""
+        so a marker found there (`LeaseState.dead_runner`) names a runner that died mid-turn.
+        `queue`: a turn added to the queue in the same write. `handoff`: the lease may also be taken
+        over from `handoff.owner`, the block then starting at `handoff.next_seq`."""
         ...
 
     async def take_over(self, tenant_id: str, session_id: str, owner: str, dead_runner: str, ttl_ms: int,
@@ -318,15 +322,16 @@ class ConnectionRegistry(Protocol):
 
 
 class Dispatcher(Protocol):
-    """Starts the queued turns of a session in the function tier (Lambda async invoke in the cloud)."""
+    """Starts the queued turns of a session in the function tier (Lambda async invoke in the cloud).
+    `handoff`: the caller holds the session's lease and passes it on to the runner it starts."""
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None: ...
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None: ...
 
 
 class TurnQueue(Protocol):
     """The turn-host tier's queue of turn requests (SQS in the cloud)."""
 
-    async def send(self, tenant_id: str, session_id: str) -> None: ...
+    async def send(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None: ...
 
     async def receive(self, max_count: int, wait_s: float) -> list[TurnRequest]:
         """Up to `max_count` requests, waiting up to `wait_s` for the first (long polling)."""

@@ -12,7 +12,7 @@ import pytest
 
 from agentvm.adapters.aws.dynamodb_leases import DynamoDBLeases
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
-from agentvm.domain.models import Checkpoint, Image, LeaseState, Session, Turn, TurnStatus
+from agentvm.domain.models import Checkpoint, Image, LeaseHandoff, LeaseState, Session, Turn, TurnStatus
 
 
 class Clock:
@@ -177,3 +177,49 @@ async def test_take_over_breaks_only_a_dead_runners_lease(store: DynamoDBStore, 
     # then, the lease free and the dead mark still there: taken over
     state = await leases.take_over("t1", "s1", "turn_failed:d", "chat_turn:r3", 60_000, 100)
     assert state is not None and state.dead_runner == "chat_turn:r3"
+
+
+async def test_a_handed_on_lease_is_taken_over_once_by_its_runner(store: DynamoDBStore, leases: DynamoDBLeases) -> None:
+    """ws_default takes the lease and queues the turn in one write, announces with seqs 1..2 and passes
+    the lease on (no release): the runner started with the handoff takes it over at seq 3; nobody else
+    can, and the handoff works once."""
+    ws = await leases.acquire("t1", "s1", "ws-1/turn-1", 30_000, seq_block=16, queue="turn-1")
+    assert ws is not None and seqs(ws) == (1, 16) and ws.queued == {"turn-1"}
+    handoff = LeaseHandoff("ws-1/turn-1", next_seq=3)
+    # another runner without the handoff, or with another message's, finds the lease held
+    assert await leases.acquire("t1", "s1", "chat_turn:other", 30_000, seq_block=100, runner=True) is None
+    assert await leases.acquire("t1", "s1", "chat_turn:other", 30_000, seq_block=100, runner=True,
+                                handoff=LeaseHandoff("ws-9/turn-9", 3)) is None
+    runner = await leases.acquire("t1", "s1", "chat_turn:r", 30_000, seq_block=100, runner=True, handoff=handoff)
+    assert runner is not None and seqs(runner) == (3, 116) and runner.queued == {"turn-1"}
+    assert runner.held and runner.dead_runner == ""
+    # a second delivery of the same dispatch finds the runner's lease: the turn does not run twice
+    assert await leases.acquire("t1", "s1", "chat_turn:dup", 30_000, seq_block=100, runner=True,
+                                handoff=handoff) is None
+    rest = await leases.release("t1", "s1", "chat_turn:r", done={"turn-1"}, next_seq=9, runner=True)
+    assert rest is not None and not rest.has_work
+    # a handoff found after the lease changed hands is an ordinary acquire: the released next_seq wins
+    assert seqs(await leases.acquire("t1", "s1", "chat_turn:late", 30_000, seq_block=10, runner=True,
+                                     handoff=handoff)) == (9, 126)
+
+
+async def test_a_handed_on_lease_that_expired_still_continues_the_seqs(store: DynamoDBStore,
+                                                                       leases: DynamoDBLeases) -> None:
+    assert await leases.acquire("t1", "s1", "ws-1/turn-1", 30_000, seq_block=16, queue="turn-1") is not None
+    clock = store._clock
+    assert isinstance(clock, Clock)
+    clock.now += 31  # the runner started late (nobody took the lease meanwhile)
+    late = await leases.acquire("t1", "s1", "chat_turn:r", 30_000, seq_block=100, runner=True,
+                                handoff=LeaseHandoff("ws-1/turn-1", 3))
+    assert seqs(late) == (3, 116)
+    # without the handoff an expired lease's block is skipped: its holder may have used any of it
+    clock.now += 31
+    assert seqs(await leases.acquire("t1", "s1", "chat_turn:s", 30_000, seq_block=10, runner=True)) == (117, 126)
+
+
+def test_a_handoff_from_a_payload_is_validated() -> None:
+    assert LeaseHandoff.from_wire({"owner": "ws-1/turn-1", "nextSeq": 3}) == LeaseHandoff("ws-1/turn-1", 3)
+    assert LeaseHandoff("o", 7).to_wire() == {"owner": "o", "nextSeq": 7}
+    for bad in (None, "x", [], {"owner": "o"}, {"owner": "", "nextSeq": 3}, {"owner": 5, "nextSeq": 3},
+                {"owner": "o", "nextSeq": "3"}, {"owner": "o", "nextSeq": True}, {"owner": "o", "nextSeq": 0}):
+        assert LeaseHandoff.from_wire(bad) is None, bad

@@ -5,12 +5,12 @@ the next turn see what is stored."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from agentvm.cloud import runtime as cloud_runtime
-from agentvm.domain.models import Agent, Image, Principal, Session, Turn, TurnStatus
+from agentvm.domain.models import Agent, Image, LeaseHandoff, Principal, Session, Turn, TurnStatus
 from agentvm.drivers.scripted import ScriptedDriver
 from agentvm.hosting.definition_cache import DefinitionCache
 from agentvm.hosting.leased_host import LeasedSessions
@@ -20,8 +20,13 @@ TENANT = "t-defs"
 
 
 class NoDispatch:
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
-        return None  # the test runs the session itself
+    """The test runs the session itself, with the lease `send` handed on (kept per session)."""
+
+    handoffs: ClassVar[dict[str, LeaseHandoff | None]] = {}
+
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
+        if handoff is not None:  # a message queued behind it dispatches without one
+            self.handoffs[session_id] = handoff
 
 
 class Counted:
@@ -72,7 +77,8 @@ def send(rt: cloud_runtime.CloudRuntime, image: Image, agent: Agent, text: str) 
 
 
 def run_turns(rt: cloud_runtime.CloudRuntime, image: Image) -> list[Turn]:
-    return cloud_runtime.run(rt.run_session(TENANT, image.session_id, role="chat_turn"))
+    handoff = NoDispatch.handoffs.pop(image.session_id, None)
+    return cloud_runtime.run(rt.run_session(TENANT, image.session_id, role="chat_turn", handoff=handoff))
 
 
 def stored_turn(rt: cloud_runtime.CloudRuntime, image: Image, turn: Turn) -> Turn:

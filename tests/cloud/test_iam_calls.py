@@ -174,10 +174,12 @@ async def test_the_turn_host_and_the_dispatcher_that_feeds_it_make_only_allowed_
         try:
             await _ws_scenario(d, edge.url)
             await _until_idle(host, d.moto, queue_url, taken=1)
-            # a queued turn whose dispatch was lost: the sweep (past the grace) reads the host directory
-            # and starts a runner (the host when its record says it takes turns, else chat_turn)
+            # a queued turn whose dispatch failed (ws_default then releases the lease it would have
+            # handed on): the sweep (past the grace) reads the host directory and starts a runner (the
+            # host when its record says it takes turns, else chat_turn)
             rt = await cloud_runtime.runtime().ready()
-            session_id, _, _ = await _queued_turn(rt, "c-iam-sweep")
+            session_id, _, _, handoff = await _queued_turn(rt, "c-iam-sweep")
+            assert await rt.leases.release(SWEEP_TENANT, session_id, handoff.owner, next_seq=handoff.next_seq)
             await rt.store.close()
             sweep = load_handler("turn_sweep")
             sweep.now_ms = lambda: now_ms() + SWEEP_GRACE_MS + 1000  # type: ignore[attr-defined]

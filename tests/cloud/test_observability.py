@@ -13,7 +13,7 @@ import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -22,7 +22,7 @@ from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
 from agentvm.auth.api_keys import new_key
 from agentvm.cloud import observability
 from agentvm.cloud import runtime as cloud_runtime
-from agentvm.domain.models import ConnectionRecord
+from agentvm.domain.models import ConnectionRecord, LeaseHandoff
 from agentvm.domain.usage import model_family
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
 from tests.cloud.test_handlers import connect_event, event
@@ -42,9 +42,11 @@ TENANT = "tenant-obs"
 @dataclass
 class Dispatched:
     calls: list[tuple[str, str]]
+    handoffs: list[LeaseHandoff | None] = field(default_factory=list)
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
         self.calls.append((tenant_id, session_id))
+        self.handoffs.append(handoff)
 
 
 def emf_blobs(out: str) -> list[dict[str, Any]]:
@@ -130,8 +132,11 @@ def test_chat_turn_emits_turn_token_and_duration_totals_and_logs_the_breakdowns(
     assert tenant == TENANT
     capsys.readouterr()
 
+    handoff = dispatched.handoffs[-1]
+    assert handoff is not None
     with caplog.at_level(logging.INFO, logger="agentvm.engine.runner"):
-        assert load_handler("chat_turn").handler({"tenantId": TENANT, "sessionId": session_id}, None) == {"ran": 1}
+        assert load_handler("chat_turn").handler({"tenantId": TENANT, "sessionId": session_id,
+                                                  "handoff": handoff.to_wire()}, None) == {"ran": 1}
 
     out = capsys.readouterr().out
     blobs = emf_blobs(out)

@@ -26,7 +26,7 @@ from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.dynamodb_usage import DynamoDBUsageLedger
 from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
-from agentvm.domain.models import Checkpoint, LeaseState, Turn, TurnStatus
+from agentvm.domain.models import Checkpoint, LeaseHandoff, LeaseState, Turn, TurnStatus
 from agentvm.domain.usage import Budget, period_of
 from agentvm.errors import InvalidRequest
 from agentvm.hosting.session_worker import WORKER_LOST_TEXT, DeadRunner
@@ -131,7 +131,10 @@ async def test_chat_turn_killed_mid_turn_tells_the_client_within_10_s_and_releas
         # Lambda's record, as the destination got it
         [record] = stack.edge.failure_records
         assert record["requestContext"]["condition"] == "RetriesExhausted"
-        assert record["requestPayload"] == {"tenantId": TENANT, "sessionId": sid}
+        payload = dict(record["requestPayload"])
+        handoff = LeaseHandoff.from_wire(payload.pop("handoff"))  # the lease ws_default handed on to it
+        assert payload == {"tenantId": TENANT, "sessionId": sid}
+        assert handoff is not None and handoff.owner.startswith("ws_default:"), handoff
         assert record["responseContext"]["functionError"] == "Unhandled"
         assert record["responsePayload"]["errorType"] == "Runtime.ExitError"
         assert stack.edge.calls("turn_failed") == [record]
@@ -252,7 +255,7 @@ class _Dispatcher:
     def __init__(self) -> None:
         self.started: list[tuple[str, str]] = []
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: object = None) -> None:
         self.started.append((tenant_id, session_id))
 
 

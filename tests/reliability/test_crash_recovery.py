@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -39,6 +40,7 @@ from agentvm.domain.models import (
     Checkpoint,
     ConnectionRecord,
     Image,
+    LeaseHandoff,
     Principal,
     Session,
     Subscription,
@@ -267,13 +269,13 @@ rules:
         delay_ms: 150
 """
 # `chat_turn` as Lambda runs it, in a process of its own (so that it can be killed): the handler module
-# loaded from its file, invoked once with the session's payload
+# loaded from its file, invoked once with the session's payload (with the lease handed on, as JSON)
 CHAT_TURN = """
-import importlib.util, sys
+import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("chat_turn_handler", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-module.handler({"tenantId": sys.argv[2], "sessionId": sys.argv[3]}, None)
+module.handler({"tenantId": sys.argv[2], "sessionId": sys.argv[3], "handoff": json.loads(sys.argv[4])}, None)
 """
 
 
@@ -282,9 +284,11 @@ class _Dispatches:
 
     def __init__(self) -> None:
         self.started: list[str] = []
+        self.handoffs: list[LeaseHandoff | None] = []
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
         self.started.append(session_id)
+        self.handoffs.append(handoff)
 
 
 def _text(log: BinaryIO) -> str:
@@ -332,11 +336,15 @@ async def _chat_turn_killed_mid_turn(rt: cloud_runtime.CloudRuntime, log: Binary
     _, _, turn1 = await s.turns.send(p, None, image.image_id, None, "stream please")
     await inv.fanout.close()
     assert dispatches.started == [sid]
+    # ws_default passed its lease on to the runner it started, with the first seq it did not use
+    handoff = dispatches.handoffs[0]
+    assert handoff is not None and handoff.owner.endswith(f"/{turn1.turn_id}")
+    assert (await lease_record(sid))["lease_owner"]["S"] == handoff.owner
 
     # the chat_turn invocation that message starts, in its own process, killed once it streams
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-c", CHAT_TURN, str(REPO / "functions/chat_turn/handler.py"), TENANT, sid,
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        json.dumps(handoff.to_wire()), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while sum(f["type"] == "text_delta" for f in posted_frames(conn)) < 3:
@@ -368,7 +376,7 @@ async def _chat_turn_killed_mid_turn(rt: cloud_runtime.CloudRuntime, log: Binary
     _, _, turn2 = await s.turns.send(p, None, image.image_id, None, "hello again")
     await inv.fanout.close()
     inv = rt.invocation(TENANT, role="chat_turn", driver=await rt.driver())
-    ran = await rt.worker(inv).run(TENANT, sid)
+    ran = await rt.worker(inv).run(TENANT, sid, handoff=dispatches.handoffs[-1])
     await inv.fanout.close()
 
     assert [(t.turn_id, t.status, t.error_code) for t in ran] == [
@@ -454,15 +462,21 @@ def test_a_container_task_lost_while_resuming_a_turn_leaves_it_to_the_next_runne
 async def _task_lost_while_resuming(rt: cloud_runtime.CloudRuntime) -> None:
     p = Principal(TENANT)
     inv = rt.invocation(TENANT, role="ws_default")
-    s = UseCases(inv.deps, LeasedSessions(inv.deps, fanout=inv.fanout, leases=rt.leases, dispatcher=_Dispatches(),
+    dispatches = _Dispatches()
+    s = UseCases(inv.deps, LeasedSessions(inv.deps, fanout=inv.fanout, leases=rt.leases, dispatcher=dispatches,
                                           owner=inv.owner))
     image = await s.images.create(p, "c-task", ImageConfig(name="Task"))
     sid = image.session_id
     _, _, turn = await s.turns.send(p, None, image.image_id, None, "use a tool")
     await inv.fanout.close()
-    # as the function tier leaves an escalated turn, then the task takes the session and dies
+    # as the function tier leaves an escalated turn (it took the lease over, handed the turn on and
+    # released), then the task takes the session and dies
+    (handoff,) = dispatches.handoffs
+    state = await rt.leases.acquire(TENANT, sid, "chat_turn:x", LEASE_TTL_MS, 1_000, runner=True, handoff=handoff)
+    assert state is not None
     turn.status, turn.tier, turn.started_at = TurnStatus.RUNNING, "container", now_ms()
     await rt.store.commit(Checkpoint(TENANT, sid, turns=[turn]))
+    assert await rt.leases.release(TENANT, sid, "chat_turn:x", next_seq=state.first_seq, runner=True)
     assert await rt.leases.acquire(TENANT, sid, "task-0f3e", LEASE_TTL_MS, 10_000, runner=True) is not None
     rt.store._clock = lambda: time.time() + LEASE_TTL_MS / 1000 + 1
 

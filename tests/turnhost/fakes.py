@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from agentvm.domain.models import LeaseHandoff
 from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
 
 
 class Dispatches:
     def __init__(self) -> None:
         self.started: list[tuple[str, str]] = []
+        self.handoffs: list[LeaseHandoff | None] = []
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
         self.started.append((tenant_id, session_id))
+        self.handoffs.append(handoff)
 
 
 class Queue:
@@ -21,13 +24,15 @@ class Queue:
         self.sent: list[tuple[str, str]] = []
         self.deleted: list[str] = []
         self.fail = fail
+        self.handoffs: list[LeaseHandoff | None] = []
         self.inbox: asyncio.Queue[list[TurnRequest]] = asyncio.Queue()
         self.receives = 0
 
-    async def send(self, tenant_id: str, session_id: str) -> None:
+    async def send(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
         if self.fail:
             raise RuntimeError("SQS is down")
         self.sent.append((tenant_id, session_id))
+        self.handoffs.append(handoff)
 
     async def receive(self, max_count: int, wait_s: float) -> list[TurnRequest]:
         self.receives += 1

@@ -9,6 +9,7 @@ from agentvm.adapters.aws.botocore_async import new_client
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.dynamodb_turn_hosts import DynamoDBTurnHosts
 from agentvm.adapters.aws.sqs_turn_queue import SqsTurnQueue
+from agentvm.domain.models import LeaseHandoff
 from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
 from tests.aws_fixtures import REGION
 
@@ -19,7 +20,7 @@ async def test_the_queue_round_trip(aws_env: None, moto_endpoint: str) -> None:
     queue = SqsTurnQueue(url, endpoint_url=moto_endpoint, region_name=REGION)
     try:
         for i in range(12):
-            await queue.send("t1", f"s{i}")
+            await queue.send("t1", f"s{i}", handoff=LeaseHandoff(f"ws/turn-{i}", i + 1) if i % 2 else None)
         await sqs.send_message(QueueUrl=url, MessageBody='{"tenantId": 5}')
         got: list[TurnRequest] = []
         while len(got) < 12:
@@ -29,6 +30,9 @@ async def test_the_queue_round_trip(aws_env: None, moto_endpoint: str) -> None:
             got += batch
         assert sorted(int(r.session_id[1:]) for r in got) == list(range(12))
         assert {r.tenant_id for r in got} == {"t1"} and all(r.receipt for r in got)
+        # the lease a ws_default passed on travels with the request
+        assert {r.session_id: r.handoff for r in got} == {
+            f"s{i}": LeaseHandoff(f"ws/turn-{i}", i + 1) if i % 2 else None for i in range(12)}
         attrs = (await sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"]))["Attributes"]
         assert (attrs["ApproximateNumberOfMessages"], attrs["ApproximateNumberOfMessagesNotVisible"]) == ("0", "0")
         assert await queue.receive(10, 0) == []

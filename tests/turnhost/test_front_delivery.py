@@ -175,15 +175,16 @@ async def test_a_client_that_stops_reading_is_closed_with_1013_once_its_queue_is
 
 
 async def test_local_first_dispatch_runs_on_the_host_with_room_else_hands_on() -> None:
+    from agentvm.domain.models import LeaseHandoff
     from agentvm.turnhost.host import HostOptions, TurnHost
     from agentvm.turnhost.local_dispatch import LocalFirstDispatcher
     from tests.turnhost.fakes import Dispatches, Queue
 
     release = asyncio.Event()
-    ran: list[str] = []
+    ran: list[tuple[str, LeaseHandoff | None]] = []
 
-    async def run_session(tenant_id: str, session_id: str) -> list[Any]:
-        ran.append(session_id)
+    async def run_session(tenant_id: str, session_id: str, handoff: LeaseHandoff | None) -> list[Any]:
+        ran.append((session_id, handoff))
         await release.wait()
         return []
 
@@ -206,16 +207,19 @@ async def test_local_first_dispatch_runs_on_the_host_with_room_else_hands_on() -
     while not host.registered:
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.01)
-    await dispatch.start_turns("t", "s1")  # room: here
+    first, second = LeaseHandoff("ws:a/turn-1", 3), LeaseHandoff("ws:b/turn-2", 5)
+    await dispatch.start_turns("t", "s1", handoff=first)  # room: here, with the lease handed on
     await dispatch.start_turns("t", "s1")  # its run is going: joined
-    await dispatch.start_turns("t", "s2")  # full: handed on
+    await dispatch.start_turns("t", "s1", handoff=second)  # a lease handed on meanwhile: run after it
+    await dispatch.start_turns("t", "s2", handoff=second)  # full: handed on, with its handoff
     await asyncio.sleep(0.01)
-    assert ran == ["s1"] and dispatch.counts == {"here": 2, "elsewhere": 2}
-    assert (host.counts.local, host.counts.joined, host.counts.received) == (1, 1, 0)
+    assert ran == [("s1", first)] and dispatch.counts == {"here": 3, "elsewhere": 2}
+    assert (host.counts.local, host.counts.joined, host.counts.received) == (2, 1, 0)
     release.set()
     host.stop()
     assert await serving
-    assert fallback.started == [("t", "s-before"), ("t", "s2")]
+    assert ran == [("s1", first), ("s1", second)]
+    assert fallback.started == [("t", "s-before"), ("t", "s2")] and fallback.handoffs == [None, second]
 
 
 async def test_a_host_that_does_not_answer_is_skipped_for_a_while_and_its_subscribers_kept() -> None:

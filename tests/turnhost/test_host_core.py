@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from agentvm.domain.models import Turn
+from agentvm.domain.models import LeaseHandoff, Turn
 from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
 from agentvm.turnhost.__main__ import Metrics
 from agentvm.turnhost.cpu import CpuMeter
@@ -23,10 +23,12 @@ class Sessions:
 
     def __init__(self) -> None:
         self.started: list[str] = []
+        self.handoffs: list[LeaseHandoff | None] = []
         self.gates: dict[str, asyncio.Event] = {}
 
-    async def run(self, tenant_id: str, session_id: str) -> Sequence[Turn]:
+    async def run(self, tenant_id: str, session_id: str, handoff: LeaseHandoff | None) -> Sequence[Turn]:
         self.started.append(session_id)
+        self.handoffs.append(handoff)
         await self.gates.setdefault(session_id, asyncio.Event()).wait()
         return []
 
@@ -88,6 +90,33 @@ async def test_takes_joins_refuses_and_drains() -> None:
     c = host.counts
     assert (c.received, c.taken, c.joined, c.refused, c.by_reason) == (5, 2, 1, 2, {"capacity": 1, "cpu": 1})
     assert sessions.started == ["a", "b"] and directory.hosts == {}
+
+
+async def test_a_handed_on_lease_is_run_after_the_sessions_run_here_and_refused_with_it() -> None:
+    """A request without a handoff for a session running here joins that run; one that carries the
+    lease a ws_default passed on (that run released already) runs right after it, with the handoff,
+    so the lease is taken over instead of waiting to expire. A refused one is handed on with it."""
+    queue, directory, fallback, sessions, cpu = Queue(), Directory(), Dispatches(), Sessions(), Cpu()
+    host = TurnHost("h3", queue=queue, directory=directory, fallback=fallback, run_session=sessions.run,
+                    cpu=cpu.meter(), options=HostOptions(capacity=1, heartbeat_s=60, poll_s=1, drain_s=5))
+    serving = asyncio.create_task(host.serve())
+    handoff = LeaseHandoff("ws/turn-2", 9)
+    await queue.inbox.put([req("a")])
+    await until(lambda: sessions.started == ["a"])
+    await queue.inbox.put([req("a"), TurnRequest("t", "a", "r-a2", handoff)])
+    await until(lambda: host.counts.received == 3)
+    assert sessions.started == ["a"]  # the second waits for the first
+    await queue.inbox.put([TurnRequest("t", "b", "r-b", LeaseHandoff("ws/turn-3", 4))])  # at capacity
+    await until(lambda: fallback.started == [("t", "b")])
+    assert fallback.handoffs == [LeaseHandoff("ws/turn-3", 4)]
+    sessions.finish("a")
+    await until(lambda: sessions.started == ["a", "a"])
+    assert sessions.handoffs == [None, handoff]
+    await until(lambda: not host.running)
+    host.stop()
+    assert await asyncio.wait_for(serving, 3) is True
+    c = host.counts
+    assert (c.received, c.taken, c.joined, c.refused) == (4, 2, 1, 1)
 
 
 async def test_a_drain_that_runs_out_of_time_reports_it() -> None:

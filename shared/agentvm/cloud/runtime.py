@@ -34,7 +34,7 @@ from agentvm.adapters.aws.s3_blobs import S3BlobStore
 from agentvm.adapters.aws.s3_history_archive import S3HistoryArchive
 from agentvm.auth.api_keys import Authenticator
 from agentvm.config import Settings
-from agentvm.domain.models import Image, LoggedEvent, Turn
+from agentvm.domain.models import Image, LeaseHandoff, LoggedEvent, Turn
 from agentvm.engine.history_cache import HistoryCache
 from agentvm.errors import InvalidRequest
 from agentvm.ids import lease_owner
@@ -420,12 +420,12 @@ class CloudRuntime:
                              lease_ms=self.settings.session_lease_s * 1000, definitions=self.definitions)
 
     async def run_session(self, tenant_id: str, session_id: str, *, role: str,
-                          request_id: str | None = None) -> list[Turn]:
+                          request_id: str | None = None, handoff: LeaseHandoff | None = None) -> list[Turn]:
         """Run a session's queued turns under its lease, as one `chat_turn` invocation does (and a
         turn host per request): a fresh fan-out for the run, closed afterwards."""
         inv = self.invocation(tenant_id, role=role, driver=await self.driver(), request_id=request_id)
         try:
-            return await self.worker(inv).run(tenant_id, session_id)
+            return await self.worker(inv).run(tenant_id, session_id, handoff=handoff)
         finally:
             await inv.fanout.close()
 

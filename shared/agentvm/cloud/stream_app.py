@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Self
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentvm.domain.models import Principal
+from agentvm.domain.models import LeaseHandoff, Principal
 from agentvm.errors import NotConfigured
 from agentvm.observability import tracing
 
@@ -136,11 +136,11 @@ class InlineDispatcher:
         self.rt, self.inv, self.tee = rt, inv, tee
         self.tasks: set[asyncio.Task[Any]] = set()
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
         from agentvm.hosting.session_worker import SessionWorker
 
         worker = SessionWorker(self.inv.deps, fanout=self.tee, leases=self.rt.leases, owner=self.inv.owner)
-        task = asyncio.get_running_loop().create_task(worker.run(tenant_id, session_id),
+        task = asyncio.get_running_loop().create_task(worker.run(tenant_id, session_id, handoff=handoff),
                                                       name=f"chat_stream-turns-{session_id}")
         self.tasks.add(task)
         task.add_done_callback(self._done)

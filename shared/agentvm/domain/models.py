@@ -225,6 +225,33 @@ class ConnectionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseHandoff:
+    """A lease passed on from the `ws_default` that announced a message to the runner it starts.
+
+    `owner`: the lease owner the announcer took it as (unique per message, so only the runner
+    dispatched for that message can take it over, and only once: its takeover changes the owner);
+    `next_seq`: the first seq the announcer did not use (the runner continues there, no gap). The
+    announcer does not release the lease: the runner's acquire takes it over (one write fewer)."""
+
+    owner: str
+    next_seq: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"owner": self.owner, "nextSeq": self.next_seq}
+
+    @staticmethod
+    def from_wire(value: object) -> LeaseHandoff | None:
+        """The handoff of a dispatch payload; None when absent or malformed (the runner then takes
+        the lease only once it is free, as without a handoff)."""
+        if not isinstance(value, dict):
+            return None
+        owner, next_seq = value.get("owner"), value.get("nextSeq")
+        if not isinstance(owner, str) or not owner or isinstance(next_seq, bool) or not isinstance(next_seq, int):
+            return None
+        return LeaseHandoff(owner, next_seq) if next_seq > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseState:
     """A cloud session's coordination state, kept on its session item.
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentvm.domain.models import LeaseHandoff
+
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
-    """Run the queued turns of a session. `receipt`: the queue's handle of the message (to delete it)."""
+    """Run the queued turns of a session. `receipt`: the queue's handle of the message (to delete it);
+    `handoff`: the lease passed on by the `ws_default` that sent it (`LeaseHandoff`)."""
 
     tenant_id: str
     session_id: str
     receipt: str = ""
+    handoff: LeaseHandoff | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,10 @@ runs the queued turns. When the lease is taken, the work is recorded on the leas
 (`enqueue`, `owe_replay`, `request_interrupt`) and the holder picks it up: its release returns what
 was added meanwhile, so nothing is stranded (release, then recheck, in one write).
 
-Writes for one message on an idle session: the lease with a seq block, one batch (message, queued
-turn, the two announcement events), the release that queues the turn. See docs/cloud-design.md.
+Writes for one message on an idle session: the lease with a seq block that also queues the turn,
+one batch (message, queued turn, the two announcement events). The lease is not released: it is
+handed on to the runner that `send` starts (`LeaseHandoff`), whose acquire takes it over, so the
+runner continues the seqs and no release is written in between. See docs/cloud-design.md.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ import asyncio
 import logging
 from typing import Any
 
-from agentvm.domain.models import Checkpoint, Image, LeaseState, LoggedEvent, Principal, Turn, TurnStatus
+from agentvm.domain.models import (
+    Checkpoint,
+    Image,
+    LeaseHandoff,
+    LeaseState,
+    LoggedEvent,
+    Principal,
+    Turn,
+    TurnStatus,
+)
 from agentvm.engine.channel import SessionChannel
 from agentvm.errors import NotFound
 from agentvm.hosting import session_events
@@ -69,24 +80,33 @@ class LeasedSessions:
                    content: str | list[dict[str, Any]], options: dict[str, Any] | None = None) -> Turn:
         store, sid = self.deps.store, image.session_id
         new = new_user_turn(p, image, content, options)
-        state = await self.leases.acquire(p.tenant_id, sid, self.owner, LEASE_TTL_MS, ANNOUNCE_SEQ_BLOCK)
+        turn_id = new.turn.turn_id
+        # an owner of this message alone: only the runner started for it can take the lease over
+        owner = f"{self.owner}/{turn_id}"
+        state = await self.leases.acquire(p.tenant_id, sid, owner, LEASE_TTL_MS, ANNOUNCE_SEQ_BLOCK, queue=turn_id)
         if state is None:  # a turn is running: it announces the message and runs the turn next
             await store.commit(Checkpoint(p.tenant_id, sid, messages=[new.message], turns=[new.turn]))
-            await self.leases.enqueue(p.tenant_id, sid, new.turn.turn_id, connection_id)
-        else:
-            held = DeferredFanout(self.fanout)
-            channel = self._channel(image, agent_id, state, held, ANNOUNCE_SEQ_BLOCK)
-            announce(channel, new.message, sender=connection_id)
-            try:
-                await store.commit(Checkpoint(p.tenant_id, sid, messages=[new.message], turns=[new.turn],
-                                              events=channel.take_pending()))
-            except BaseException:
-                await self.leases.release(p.tenant_id, sid, self.owner)
-                raise
-            held.release()
-            await self._release(p.tenant_id, sid, state, channel.next_seq, queue=new.turn.turn_id)
-        await self.fanout.drain()  # the requester's subscription is recorded before chat_turn reads it
-        await self.dispatcher.start_turns(p.tenant_id, sid)
+            await self.leases.enqueue(p.tenant_id, sid, turn_id, connection_id)
+            await self.fanout.drain()  # the requester's subscription is recorded before chat_turn reads it
+            await self.dispatcher.start_turns(p.tenant_id, sid)
+            return new.turn
+        held = DeferredFanout(self.fanout)
+        channel = self._channel(image, agent_id, state, held, ANNOUNCE_SEQ_BLOCK)
+        announce(channel, new.message, sender=connection_id)
+        try:
+            await store.commit(Checkpoint(p.tenant_id, sid, messages=[new.message], turns=[new.turn],
+                                          events=channel.take_pending()))
+        except BaseException:
+            await self.leases.release(p.tenant_id, sid, owner, done={turn_id})
+            raise
+        held.release()
+        await self.fanout.drain()  # posted, and the requester's subscription recorded, before the runner starts
+        try:
+            await self.dispatcher.start_turns(p.tenant_id, sid, handoff=LeaseHandoff(owner, channel.next_seq))
+        except BaseException:
+            # the turn stays queued for the turn sweep; the seqs go on where the announcement ended
+            await self.leases.release(p.tenant_id, sid, owner, next_seq=channel.next_seq)
+            raise
         return new.turn
 
     async def interrupt(self, image: Image, agent_id: str) -> None:
@@ -170,17 +190,17 @@ class LeasedSessions:
                               first_seq=state.first_seq, reserved_until=state.last_seq, block=block)
 
     async def _release(self, tenant_id: str, session_id: str, state: LeaseState, next_seq: int, *,
-                       queue: str | None = None, done: frozenset[str] = frozenset(),
-                       announced: frozenset[tuple[str, str]] = frozenset(), runner: bool = False) -> None:
+                       done: frozenset[str] = frozenset(), announced: frozenset[tuple[str, str]] = frozenset(),
+                       runner: bool = False) -> None:
         """Serve owed replays, wait for delivery, release (handing `next_seq` on: the session's seqs
         stay gap-free); leftover work goes to `chat_turn`."""
         if state.pending_subs:
             self.fanout.serve_pending(session_id)
         await self.fanout.drain()
         served = state.pending_subs | self.fanout.served.get(session_id, set())
-        rest = await self.leases.release(tenant_id, session_id, self.owner, queue=queue, done=done,
+        rest = await self.leases.release(tenant_id, session_id, self.owner, done=done,
                                          announced=announced, served=served, next_seq=next_seq, runner=runner)
-        if rest is not None and rest.has_work and queue is None:
+        if rest is not None and rest.has_work:
             await self.dispatcher.start_turns(tenant_id, session_id)
 
     async def _acquire_within(self, tenant_id: str, session_id: str, timeout_s: float) -> LeaseState | None:

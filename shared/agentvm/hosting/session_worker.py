@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from agentvm.domain.models import Agent, Checkpoint, Image, LeaseState, Turn, TurnStatus
+from agentvm.domain.models import Agent, Checkpoint, Image, LeaseHandoff, LeaseState, Turn, TurnStatus
 from agentvm.engine.channel import SEQ_BLOCK, SessionChannel
 from agentvm.engine.history import SessionHistory
 from agentvm.errors import WorkerLost
@@ -104,17 +104,23 @@ class SessionWorker:
         self._sleep = sleep  # the watcher's pauses (tests: virtual time)
         self.acquired = False  # whether the last `run` got the lease at least once
 
-    async def run(self, tenant_id: str, session_id: str) -> list[Turn]:
-        """Run every queued turn of the session; returns the turns this invocation ran."""
+    async def run(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> list[Turn]:
+        """Run every queued turn of the session; returns the turns this invocation ran. `handoff`: the
+        lease as the `ws_default` that started this run left it (taken over by the first acquire)."""
         ran: list[Turn] = []
         self.acquired = False
         while True:
             state = await self.leases.acquire(tenant_id, session_id, self.owner, self.lease_ms, SEQ_BLOCK,
-                                              runner=True)
+                                              runner=True, handoff=handoff)
+            handoff = None
             if state is None:
                 return ran  # another invocation publishes; its release-then-recheck covers our work
             self.acquired = True
             run = _Run(state, interrupts=state.interrupts)
+            if state.interrupts > state.interrupts_seen:
+                # requested while the lease was handed on, before any turn ran: nothing to interrupt
+                # (a no-op, as on a free session), acknowledged so that the requester stops waiting
+                await self.leases.ack_interrupt(tenant_id, session_id, self.owner, state.interrupts)
             try:
                 ran += await self._tenure(tenant_id, session_id, run)
             except BaseException:

@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from agentvm.domain.models import LeaseHandoff
 from agentvm.domain.turn_hosts import TurnHostRecord
 from agentvm.ids import now_ms
 from agentvm.ports import Dispatcher, TurnHostDirectory, TurnQueue
@@ -51,17 +52,17 @@ class TieredDispatcher:
         #: where each dispatch went, for metrics and tests: "host" | "function"
         self.counts: dict[str, int] = {"host": 0, "function": 0}
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
         if await self.host_available():
             try:
-                await self.queue.send(tenant_id, session_id)
+                await self.queue.send(tenant_id, session_id, handoff=handoff)
             except Exception:
                 log.exception("the turn queue refused a request: the turn runs on the function tier",
                               extra={"session_id": session_id})
             else:
                 self.counts["host"] += 1
                 return
-        await self.fallback.start_turns(tenant_id, session_id)
+        await self.fallback.start_turns(tenant_id, session_id, handoff=handoff)
         self.counts["function"] += 1
 
     async def host_available(self) -> bool:

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from agentvm.cloud.observability import Count, InvocationMetrics, record_turns
 from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
-from agentvm.domain.models import Turn
+from agentvm.domain.models import LeaseHandoff, Turn
 from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
 from agentvm.logs import setup_logging
 from agentvm.turnhost.cpu import CpuMeter, available_vcpus
@@ -111,8 +111,8 @@ def build(rt: CloudRuntime, *, metrics: Metrics | None = None, name: str | None 
     """The turn host over a runtime's clients (also the tests' in-process host)."""
     s = rt.settings
 
-    async def run_session(tenant_id: str, session_id: str) -> Sequence[Turn]:
-        return await rt.run_session(tenant_id, session_id, role="turn_host")
+    async def run_session(tenant_id: str, session_id: str, handoff: LeaseHandoff | None) -> Sequence[Turn]:
+        return await rt.run_session(tenant_id, session_id, role="turn_host", handoff=handoff)
 
     def on_run(request: TurnRequest, turns: Sequence[Turn], seconds: float) -> None:
         log.info("session run", extra={"session_id": request.session_id, "turns": len(turns),

@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from agentvm.domain.models import Turn
+from agentvm.domain.models import LeaseHandoff, Turn
 from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
 from agentvm.ids import now_ms
 from agentvm.ports import Dispatcher, TurnHostDirectory, TurnQueue
@@ -38,7 +38,7 @@ from agentvm.turnhost.cpu import CpuMeter
 
 log = logging.getLogger("agentvm.turnhost")
 
-RunSession = Callable[[str, str], Awaitable[Sequence[Turn]]]
+RunSession = Callable[[str, str, LeaseHandoff | None], Awaitable[Sequence[Turn]]]
 OnRun = Callable[[TurnRequest, Sequence[Turn], float], None]
 OnBeat = Callable[[TurnHostRecord], None]
 
@@ -115,18 +115,25 @@ class TurnHost:
         return TurnHostRecord(self.host_id, now_ms() + int(3 * o.heartbeat_s * 1000), o.capacity,
                               len(self.running), self.refusal() is None, address, port, token)
 
-    def take_here(self, tenant_id: str, session_id: str) -> bool:
+    def take_here(self, tenant_id: str, session_id: str, handoff: LeaseHandoff | None = None) -> bool:
         """Run a session's queued turns on this host if it has room (True), or join its running
         run; False: the caller hands them on (the tiered dispatcher). Call it on the host's loop."""
         key = (tenant_id, session_id)
-        if key in self.running:
-            self.counts.joined += 1
+        request = TurnRequest(tenant_id, session_id, handoff=handoff)
+        previous = self.running.get(key)
+        if previous is not None:
+            if handoff is None:
+                self.counts.joined += 1
+            else:  # as in `_take`: the handed-on lease is run after the ending run
+                self.counts.taken += 1
+                self.counts.local += 1
+                self.running[key] = asyncio.create_task(self._run(request, after=previous))
             return True
         if self._wake is None or self.refusal() is not None:  # not serving, draining or full
             return False
         self.counts.taken += 1
         self.counts.local += 1
-        self.running[key] = asyncio.create_task(self._run(TurnRequest(tenant_id, session_id)))
+        self.running[key] = asyncio.create_task(self._run(request))
         self._changed()
         return True
 
@@ -190,8 +197,15 @@ class TurnHost:
     def _take(self, request: TurnRequest) -> None:
         self.counts.received += 1
         key = (request.tenant_id, request.session_id)
-        if key in self.running:
+        previous = self.running.get(key)
+        if previous is not None and request.handoff is None:
             self.counts.joined += 1
+            return
+        if previous is not None:
+            # A lease handed on to this request while the session's last run here is ending (it
+            # released already): run it right after, else the lease would wait to expire.
+            self.counts.taken += 1
+            self.running[key] = asyncio.create_task(self._run(request, after=previous))
             return
         reason = self.refusal()
         if reason is not None:
@@ -207,20 +221,24 @@ class TurnHost:
 
     async def _refuse(self, request: TurnRequest, reason: str) -> None:
         try:
-            await self.fallback.start_turns(request.tenant_id, request.session_id)
+            await self.fallback.start_turns(request.tenant_id, request.session_id, handoff=request.handoff)
         except Exception:  # the turn sweep starts a runner for the session later
             log.exception("a refused turn request could not be handed on",
                           extra={"session_id": request.session_id, "reason": reason})
 
-    async def _run(self, request: TurnRequest) -> None:
+    async def _run(self, request: TurnRequest, *, after: asyncio.Task[None] | None = None) -> None:
+        if after is not None:
+            await asyncio.wait({after})
         started = time.monotonic()
         turns: Sequence[Turn] = ()
+        key = (request.tenant_id, request.session_id)
         try:
-            turns = await self.run_session(request.tenant_id, request.session_id)
+            turns = await self.run_session(request.tenant_id, request.session_id, request.handoff)
         except Exception:
             log.exception("a session run failed", extra={"session_id": request.session_id})
         finally:
-            self.running.pop((request.tenant_id, request.session_id), None)
+            if self.running.get(key) is asyncio.current_task():  # not a run queued behind this one
+                self.running.pop(key, None)
             self.counts.turns += len(turns)
             self._changed()
         if self.on_run is not None:

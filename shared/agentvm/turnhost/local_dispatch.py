@@ -4,6 +4,7 @@ Lambda invoke), else as everywhere else (the tiered dispatcher: another host thr
 
 from __future__ import annotations
 
+from agentvm.domain.models import LeaseHandoff
 from agentvm.ports import Dispatcher
 from agentvm.turnhost.host import TurnHost
 
@@ -15,9 +16,9 @@ class LocalFirstDispatcher:
         #: where each dispatch went: "here" | "elsewhere"
         self.counts: dict[str, int] = {"here": 0, "elsewhere": 0}
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
-        if self.host.take_here(tenant_id, session_id):
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
+        if self.host.take_here(tenant_id, session_id, handoff):
             self.counts["here"] += 1
             return
         self.counts["elsewhere"] += 1
-        await self.fallback.start_turns(tenant_id, session_id)
+        await self.fallback.start_turns(tenant_id, session_id, handoff=handoff)

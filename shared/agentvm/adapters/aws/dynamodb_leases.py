@@ -35,7 +35,7 @@ from agentvm.adapters.aws.dynamodb_items import (
     _turn,
 )
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
-from agentvm.domain.models import LeaseState, Turn
+from agentvm.domain.models import LeaseHandoff, LeaseState, Turn
 
 _STATE = "lease_owner, lease_until, queued, announce, pending_subs, interrupts, interrupts_seen"
 
@@ -65,36 +65,46 @@ class DynamoDBLeases:
         return attrs
 
     async def acquire(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int,
-                      seq_block: int, *, runner: bool = False) -> LeaseState | None:
-        # ALL_OLD: the state before this write. The sets are unchanged by it; the seq block is
-        # computed from the old counter, and a `resume_seq` left by a clean release (no lease owner
-        # any more) continues the session's seqs without a gap. After an expired lease (its holder
-        # died) the new block starts above everything reserved: that holder may have used any of it.
+                      seq_block: int, *, runner: bool = False, queue: str | None = None,
+                      handoff: LeaseHandoff | None = None) -> LeaseState | None:
+        # ALL_OLD: the state before this write. The sets are unchanged by it (but for `queue`, added
+        # below); the seq block is computed from the old counter, and a `resume_seq` left by a clean
+        # release (no lease owner any more) continues the session's seqs without a gap, as does the
+        # `next_seq` of a handoff taken over. After an expired lease (its holder died) the new block
+        # starts above everything reserved: that holder may have used any of it.
         # A runner marks itself in the same write (`runner`), and only its own release removes the
         # mark: one found here was left by a runner that died holding the lease (no extra request).
+        values: Item = {}
+        condition = "attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :o"
+        if handoff is not None:
+            condition += " OR lease_owner = :h"
+            values[":h"] = _s(handoff.owner)
         return await self._take(tenant_id, session_id, owner, ttl_ms, seq_block, runner=runner,
-                                condition="attribute_not_exists(lease_until) OR lease_until < :now "
-                                          "OR lease_owner = :o", values={})
+                                condition=condition, values=values, queue=queue, handoff=handoff)
 
     async def take_over(self, tenant_id: str, session_id: str, owner: str, dead_runner: str, ttl_ms: int,
                         seq_block: int) -> LeaseState | None:
         # Only while the dead runner's mark is on the record and no one else holds the lease: a live
         # runner has its own mark, and a short-lived holder (ws_default after the lease expired) hands
-        # the queue on at its release.
+        # the queue on to the runner it starts.
         return await self._take(tenant_id, session_id, owner, ttl_ms, seq_block, runner=True,
                                 condition="runner = :dead AND (lease_owner = :dead OR "
                                           "attribute_not_exists(lease_until) OR lease_until < :now)",
                                 values={":dead": _s(dead_runner)})
 
     async def _take(self, tenant_id: str, session_id: str, owner: str, ttl_ms: int, seq_block: int, *,
-                    runner: bool, condition: str, values: Item) -> LeaseState | None:
+                    runner: bool, condition: str, values: Item, queue: str | None = None,
+                    handoff: LeaseHandoff | None = None) -> LeaseState | None:
         now = self._now_ms()
         evlog = _evlog_keys(tenant_id, session_id)
         mark = ", runner = :o" if runner else ""
+        adds = "seq_reserved :b"
+        if queue is not None:
+            adds += ", queued :q"
+            values = {**values, ":q": {"SS": [queue]}}
         old = await self._update(
             tenant_id, session_id,
-            f"SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk{mark} ADD seq_reserved :b "
-            "REMOVE resume_seq",
+            f"SET lease_owner = :o, lease_until = :u, SPK = :spk, SSK = :ssk{mark} ADD {adds} REMOVE resume_seq",
             {":o": _s(owner), ":u": _n(now + ttl_ms), ":now": _n(now), ":b": _n(seq_block),
              ":spk": evlog["SPK"], ":ssk": evlog["SSK"], **values},
             f"attribute_exists(PK) AND ({condition})", returns="ALL_OLD")
@@ -102,10 +112,15 @@ class DynamoDBLeases:
             return None
         before = int(old["seq_reserved"]["N"]) if "seq_reserved" in old else 0
         attrs = {**old, "lease_owner": _s(owner), "lease_until": _n(now + ttl_ms)}
+        if queue is not None:
+            attrs["queued"] = {"SS": sorted(_strings(old, "queued") | {queue})}
         first = before + 1
         resume = old.get("resume_seq")
-        if resume is not None and "lease_owner" not in old and int(resume["N"]) <= before:
+        previous = old["lease_owner"]["S"] if "lease_owner" in old else None
+        if resume is not None and previous is None and int(resume["N"]) <= before:
             first = int(resume["N"])
+        elif handoff is not None and previous == handoff.owner and 0 < handoff.next_seq <= before + 1:
+            first = handoff.next_seq
         dead = old["runner"]["S"] if "runner" in old and old["runner"]["S"] != owner else ""
         session = _session(old) if "image_id" in old and "container_id" in old else None
         # with seq_block 0 the block is empty (first > last when nothing is handed on): the holder

@@ -6,6 +6,7 @@ import botocore.session
 import orjson
 
 from agentvm.adapters.aws.clients import LazyClient
+from agentvm.domain.models import LeaseHandoff
 from agentvm.observability import tracing
 
 
@@ -18,9 +19,11 @@ class LambdaDispatcher:
     async def close(self) -> None:
         await self._client.close()
 
-    async def start_turns(self, tenant_id: str, session_id: str) -> None:
+    async def start_turns(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
         client = await self._client.get()
-        body = {"tenantId": tenant_id, "sessionId": session_id}
+        body: dict[str, object] = {"tenantId": tenant_id, "sessionId": session_id}
+        if handoff is not None:
+            body["handoff"] = handoff.to_wire()
         tracing.inject(body)  # with traces on: chat_turn's invocation continues the trace that queued the turns
         payload = orjson.dumps(body)
         await client.invoke(FunctionName=self.function_name, InvocationType="Event", Payload=payload)

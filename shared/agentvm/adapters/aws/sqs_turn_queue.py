@@ -18,6 +18,7 @@ import orjson
 from botocore.config import Config
 
 from agentvm.adapters.aws.clients import LazyClient
+from agentvm.domain.models import LeaseHandoff
 from agentvm.domain.turn_hosts import TurnRequest
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,12 @@ class SqsTurnQueue:
     async def close(self) -> None:
         await self._client.close()
 
-    async def send(self, tenant_id: str, session_id: str) -> None:
+    async def send(self, tenant_id: str, session_id: str, *, handoff: LeaseHandoff | None = None) -> None:
         client = await self._client.get()
-        body = orjson.dumps({"tenantId": tenant_id, "sessionId": session_id}).decode()
+        fields: dict[str, object] = {"tenantId": tenant_id, "sessionId": session_id}
+        if handoff is not None:
+            fields["handoff"] = handoff.to_wire()
+        body = orjson.dumps(fields).decode()
         await client.send_message(QueueUrl=self.queue_url, MessageBody=body)
 
     async def receive(self, max_count: int, wait_s: float) -> list[TurnRequest]:
@@ -83,7 +87,7 @@ def _parse(message: dict[str, Any]) -> TurnRequest:
     tenant, session = body.get("tenantId"), body.get("sessionId")
     if not isinstance(tenant, str) or not isinstance(session, str):
         return TurnRequest("", "", receipt)
-    return TurnRequest(tenant, session, receipt)
+    return TurnRequest(tenant, session, receipt, LeaseHandoff.from_wire(body.get("handoff")))
 
 
 if TYPE_CHECKING:
