@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from agentvm.services.chat import ChatService
     from agentvm.services.keys import Caller, KeyService
     from agentvm.services.metrics import TurnMetrics
+    from agentvm.services.token_gateway import TokenGateway
     from agentvm.services.use_cases import UseCases
 
 
@@ -72,6 +73,10 @@ class HttpApi:
     health_extra: Callable[[], dict[str, Any]] | None = None
     # what is wrong now (avm serve: storage failures); any → /health says "degraded" and lists them
     health_problems: Callable[[], Awaitable[list[str]]] | None = None
+    # the token API (docs/token-api.md): OpenAI- and Anthropic-compatible routes over the model
+    # catalog, and their caller (a key from `Authorization: Bearer` or `x-api-key`)
+    token_gateway: Callable[[], TokenGateway] | None = None
+    token_caller: Callable[[Request], Awaitable[Principal]] | None = None
 
 
 # Every error answer, request validation included: declared for each operation of the OpenAPI
@@ -203,6 +208,13 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             if probe is None:
                 raise ValueError("the chat API needs a store probe for its health check")
             include(chat_router(api.chat, principal_for, probe=probe))
+        if api.token_gateway is not None and api.token_caller is not None:
+            # each route reads its caller itself (no gate caller): its errors are in its vendor's shape
+            from agentvm.api.anthropic_http import anthropic_router
+            from agentvm.api.openai_http import openai_router
+
+            include(openai_router(api.token_gateway, api.token_caller))
+            include(anthropic_router(api.token_gateway, api.token_caller))
         if api.metrics is not None or api.turn_log is not None:
             from agentvm.api.ops_http import ops_router
 

@@ -23,6 +23,11 @@ class LLMRequest:
     system: str | None = None
     tools: list[JSON] = field(default_factory=list)
     temperature: float | None = None
+    # the token API's callers' fields (services/token_gateway.py); agent turns leave them unset
+    system_blocks: list[JSON] | None = None  # the system prompt as content blocks (cache_control kept); over `system`
+    stop_sequences: list[str] | None = None
+    tool_choice: JSON | None = None  # Anthropic's shape: {"type": "auto" | "any" | "tool" | "none", "name"?}
+    top_p: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

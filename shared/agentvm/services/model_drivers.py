@@ -1,0 +1,54 @@
+"""The provider registry: which `Driver` serves a catalog model (services/model_catalog.py).
+
+A composition root gives the driver factories by provider kind (`anthropic`, `openai`, `bedrock`: a
+callable `(ProviderSpec, api_key) -> Driver`) and the drivers of the built-in providers (the runtime's
+own Anthropic driver, the scripted driver). A configured provider's driver is made on its first call
+and kept (its connection pool with it) until its base URL or key changes. Adding a driver family is
+one factory in the composition roots; adding a provider of a known family is one `llm.providers`
+entry in the configuration."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+
+from agentvm.errors import NotConfigured
+from agentvm.ports import Driver, Env
+from agentvm.services.model_catalog import CatalogModel, ModelCatalog, ProviderSpec
+
+DriverFactory = Callable[[ProviderSpec, str | None], Driver]
+
+
+class ModelDrivers:
+    def __init__(self, *, builtin: Mapping[str, Driver], factories: Mapping[str, DriverFactory], env: Env) -> None:
+        self._builtin = dict(builtin)
+        self._factories = dict(factories)
+        self._env = env
+        self._made: dict[str, tuple[str, Driver]] = {}  # provider name: (what it was made from, driver)
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self._factories)
+
+    async def driver_for(self, model: CatalogModel, catalog: ModelCatalog) -> Driver:
+        builtin = self._builtin.get(model.provider)
+        if builtin is not None:
+            return builtin
+        spec = catalog.providers.get(model.provider)
+        if spec is None:
+            raise NotConfigured(f"model: provider {model.provider} is not configured", field="model")
+        factory = self._factories.get(spec.kind)
+        if factory is None:
+            raise NotConfigured(f"model: provider {spec.name} is of type {spec.kind}, which this server cannot "
+                                f"call (available: {', '.join(self.kinds) or 'none'})", field="model")
+        key = await self._env.get(spec.api_key_env) if spec.api_key_env else None
+        if spec.api_key_env and not key:
+            raise NotConfigured(f"model: provider {spec.name}'s key ({spec.api_key_env}) is not set", field="model")
+        # the key only as a digest: this map outlives requests
+        made_from = hashlib.sha256(repr((spec, key)).encode()).hexdigest()
+        known = self._made.get(spec.name)
+        if known is not None and known[0] == made_from:
+            return known[1]
+        driver = factory(spec, key)
+        self._made[spec.name] = (made_from, driver)
+        return driver
