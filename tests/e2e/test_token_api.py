@@ -170,7 +170,7 @@ def test_a_priced_call_is_billed_at_list_times_1_05_exactly_and_recorded_once(
     assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (4400, 200)
     assert raw.headers["x-agentvm-cost-usd"] == "0.00294000"
     sent = fake.last_request
-    assert sent.body["model"] == "claude-haiku-4-5" and sent.body["max_tokens"] == 300 and sent.api_key == "upstream-key"
+    assert (sent.body["model"], sent.body["max_tokens"], sent.api_key) == ("claude-haiku-4-5", 300, "upstream-key")
     call = raw.headers["x-agentvm-call-id"]
     [record] = [r for r in usage_records(server, admin) if r["turnId"] == call]
     assert (record["provider"], record["model"], record["tier"], record["status"]) == (
