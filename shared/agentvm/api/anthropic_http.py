@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentvm.api.token_common import (
+    ANTHROPIC_ERROR,
     JSON,
     SSE_HEADERS,
     Completion,
@@ -28,6 +29,7 @@ from agentvm.api.token_common import (
     first_event,
     json_body,
     replay,
+    vendor_responses,
 )
 from agentvm.domain.models import Usage
 from agentvm.drivers.base import (
@@ -158,9 +160,10 @@ def _estimate_tokens(body: JSON) -> int:
 
 
 def anthropic_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -> APIRouter:
-    router = APIRouter(tags=["token API (Anthropic)"])
+    router = APIRouter(tags=["token API (Anthropic)"], responses=vendor_responses(ANTHROPIC_ERROR, streams=False))
 
-    @router.post("/v1/messages", summary="Anthropic Messages over the catalog, metered")
+    @router.post("/v1/messages", summary="Anthropic Messages over the catalog, metered",
+                 responses=vendor_responses(ANTHROPIC_ERROR, streams=True))
     async def messages(request: Request) -> Response:
         try:
             principal = await caller(request)

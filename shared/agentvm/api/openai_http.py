@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from agentvm.api.openai_wire import FINISH_REASONS, chunk, completion_wire, to_request, usage_wire
 from agentvm.api.token_common import (
     JSON,
+    OPENAI_ERROR,
     SSE_HEADERS,
     TokenCaller,
     collect,
@@ -26,6 +27,7 @@ from agentvm.api.token_common import (
     first_event,
     json_body,
     replay,
+    vendor_responses,
 )
 from agentvm.drivers.base import DriverEvent, InputJsonDelta, MessageStop, TextDelta, ToolUseStart
 from agentvm.errors import (
@@ -76,7 +78,8 @@ def openai_error(exc: BaseException) -> JSONResponse:
 
 
 def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -> APIRouter:
-    router = APIRouter(tags=["token API (OpenAI)"])
+    router = APIRouter(tags=["token API (OpenAI)"], responses=vendor_responses(OPENAI_ERROR, streams=False))
+    streamed = vendor_responses(OPENAI_ERROR, streams=True)
 
     @router.get("/v1/models", summary="The catalog's models (OpenAI's list shape)")
     async def list_models(request: Request) -> Response:
@@ -102,7 +105,8 @@ def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -> A
             return openai_error(exc)
         return JSONResponse({"id": m.id, "object": "model", "created": 0, "owned_by": m.provider})
 
-    @router.post("/v1/chat/completions", summary="OpenAI Chat Completions over the catalog, metered")
+    @router.post("/v1/chat/completions", summary="OpenAI Chat Completions over the catalog, metered",
+                 responses=streamed)
     async def chat_completions(request: Request) -> Response:
         try:
             principal = await caller(request)

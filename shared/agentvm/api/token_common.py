@@ -30,6 +30,32 @@ DEFAULT_MAX_TOKENS = 4096
 TokenCaller = Callable[[Request], Awaitable[Principal]]
 
 
+OPENAI_ERROR: JSON = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+ANTHROPIC_ERROR: JSON = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
+# every status a token API route answers (the app's own error statuses, declared for every operation
+# in AgentVM's shape, are declared here first in the vendor's: api/http_app.py keeps a declared one)
+_STATUSES = {400: "Invalid request (param named)", 401: "No or an unknown API key", 403: "The key may not do this",
+             404: "Unknown model", 405: "Wrong method", 409: "Conflict", 413: "Request body too large",
+             429: "Rate limit, or an exhausted budget (insufficient_quota)", 500: "Internal error",
+             502: "The provider failed", 503: "The provider is not configured", 529: "The provider is overloaded"}
+
+
+def vendor_responses(error: JSON, *, streams: bool) -> dict[int | str, Any]:
+    """The OpenAPI responses of a token API route: a JSON (or SSE) success, errors in the vendor's shape."""
+    ok: JSON = {"application/json": {"schema": {"type": "object"}}}
+    if streams:
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    out: dict[int | str, Any] = {200: {"description": "Success (SSE when `stream` is true)", "content": ok}}
+    for status, description in _STATUSES.items():
+        out[status] = {"description": description, "content": {"application/json": {"schema": error}}}
+    return out
+
+
 def vendor_token(request: Request) -> str:
     """The key of a vendor SDK's request: `Authorization: Bearer <key>` (OpenAI) or `x-api-key` (Anthropic)."""
     auth = request.headers.get("authorization", "")
