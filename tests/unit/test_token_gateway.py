@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -13,11 +14,12 @@ import pytest
 from agentvm.adapters.local.local_env import ProcessEnv
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
+from agentvm.api.openai_wire import to_request
 from agentvm.domain.models import Principal, Usage
 from agentvm.domain.usage import Budget, period_of
 from agentvm.drivers.base import DriverEvent, LLMRequest, MessageStart, MessageStop, TextDelta
 from agentvm.drivers.scripted import ScriptedDriver
-from agentvm.errors import NotConfigured, NotFound, QuotaExceeded, UpstreamError
+from agentvm.errors import InvalidRequest, NotConfigured, NotFound, QuotaExceeded, UpstreamError
 from agentvm.ids import now_ms
 from agentvm.money import DEFAULT_PRICES, ModelPrice
 from agentvm.services.metering import Meter
@@ -239,3 +241,65 @@ async def test_the_scripted_model_runs_free_without_a_key(tmp_path: Path) -> Non
         assert (provider, model, status, billed) == ("scripted", "scripted", "completed", "0E-8")
     finally:
         await store.close()
+
+
+async def test_a_default_max_tokens_is_lowered_to_the_models_output_and_an_explicit_one_is_refused(
+        tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    class Noting(Slow):
+        async def stream(self, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]:
+            seen.append(request.max_tokens)
+            async for event in super().stream(request):
+                yield event
+
+    async with gateway(tmp_path, Noting()) as (gw, _):
+        asked = to_request({"model": "claude-haiku-4-5", "messages": [{"role": "user", "content": "hi"}]})
+        assert (asked.request.max_tokens, asked.max_tokens_param) == (4096, None)
+        call = await gw.start(Principal("t1"), asked.model, replace(asked.request, max_tokens=100_000),
+                              max_tokens_param=None)
+        _ = [e async for e in call.events]
+        assert seen == [64_000]
+        big = to_request({"model": "claude-haiku-4-5", "max_completion_tokens": 100_000,
+                          "messages": [{"role": "user", "content": "hi"}]})
+        with pytest.raises(InvalidRequest) as refused:
+            await gw.start(Principal("t1"), big.model, big.request, max_tokens_param=big.max_tokens_param)
+        assert (refused.value.field, refused.value.message) == (
+            "max_completion_tokens", "max_completion_tokens: 100000 is more than anthropic/claude-haiku-4-5 can "
+                                     "write (64000)")
+        assert seen == [64_000]
+
+
+def test_openai_messages_become_anthropic_messages() -> None:
+    asked = to_request({"model": "m", "stop": "END", "tool_choice": {"type": "function", "function": {"name": "f"}},
+                        "messages": [
+                            {"role": "developer", "content": "rule one"},
+                            {"role": "system", "content": [{"type": "text", "text": "rule two"}]},
+                            {"role": "user", "content": [{"type": "image_url", "image_url": {
+                                "url": "https://example.com/cat.png"}}]},
+                            {"role": "assistant", "content": None, "tool_calls": [
+                                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}},
+                                {"id": "c2", "type": "function", "function": {"name": "f", "arguments": ""}}]},
+                            {"role": "tool", "tool_call_id": "c1", "content": "one"},
+                            {"role": "tool", "tool_call_id": "c2", "content": "two"},
+                            {"role": "user", "content": "and?"}]})
+    r = asked.request
+    assert (r.system, r.stop_sequences, r.tool_choice) == ("rule one\n\nrule two", ["END"],
+                                                          {"type": "tool", "name": "f"})
+    assert r.messages == [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "f", "input": {"a": 1}},
+                                          {"type": "tool_use", "id": "c2", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "one"},
+                                     {"type": "tool_result", "tool_use_id": "c2", "content": "two"},
+                                     {"type": "text", "text": "and?"}]}]
+    for body, param in [({"model": "m", "messages": []}, "messages"),
+                        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3},
+                         "temperature"),
+                        ({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                          "response_format": {"type": "json_object"}}, "response_format"),
+                        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+                        ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id")]:
+        with pytest.raises(InvalidRequest) as refused:
+            to_request(body)
+        assert refused.value.field == param

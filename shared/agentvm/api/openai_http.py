@@ -110,8 +110,8 @@ def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -> A
     async def chat_completions(request: Request) -> Response:
         try:
             principal = await caller(request)
-            name, llm_request, stream, include_usage = to_request(await json_body(request))
-            call = await gateway().start(principal, name, llm_request)
+            asked = to_request(await json_body(request))
+            call = await gateway().start(principal, asked.model, asked.request, max_tokens_param=asked.max_tokens_param)
         except AgentVMError as exc:
             return openai_error(exc)
         ident = "chatcmpl-" + call.call_id
@@ -123,7 +123,7 @@ def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -> A
         except BaseException:
             await call.events.aclose()
             raise
-        if not stream:
+        if not asked.stream:
             try:
                 done = await collect(replay(first, call))
             except AgentVMError as exc:
@@ -131,7 +131,7 @@ def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -> A
             finally:
                 await call.events.aclose()
             return JSONResponse(completion_wire(done, call.model.id, ident), headers=cost_headers(call, done.billed))
-        return StreamingResponse(_chunks(call, first, ident, include_usage), media_type="text/event-stream",
+        return StreamingResponse(_chunks(call, first, ident, asked.include_usage), media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **cost_headers(call, None)})
 
     return router

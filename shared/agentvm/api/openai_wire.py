@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -40,9 +41,16 @@ def _number(body: JSON, name: str, lo: float, hi: float) -> float | None:
     return float(value)
 
 
-def to_request(body: JSON) -> tuple[str, LLMRequest, bool, bool]:
-    """The catalog model's name, the neutral request, whether to stream, and whether a streamed
-    answer ends with a usage chunk (`stream_options.include_usage`)."""
+@dataclass(frozen=True, slots=True)
+class ChatCall:
+    model: str  # the catalog model's name as the caller gave it
+    request: LLMRequest
+    stream: bool
+    include_usage: bool  # a streamed answer ends with a usage chunk (`stream_options.include_usage`)
+    max_tokens_param: str | None  # the field that set max_tokens; None: the default
+
+
+def to_request(body: JSON) -> ChatCall:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "required: a model id from GET /v1/models")
@@ -52,12 +60,10 @@ def to_request(body: JSON) -> tuple[str, LLMRequest, bool, bool]:
     response_format = body.get("response_format")
     if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
         raise _bad("response_format", "only {\"type\": \"text\"} is supported")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
+    param: str | None = next((p for p in ("max_completion_tokens", "max_tokens") if body.get(p) is not None), None)
+    max_tokens = DEFAULT_MAX_TOKENS if param is None else body[param]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 1_000_000:
-        raise _bad(param, "must be a whole number from 1")
+        raise _bad(param or "max_tokens", "must be a whole number from 1")
     stream = body.get("stream") is True
     options = body.get("stream_options")
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
@@ -71,7 +77,7 @@ def to_request(body: JSON) -> tuple[str, LLMRequest, bool, bool]:
                          system="\n\n".join(system) if system else None, tools=_tools(body.get("tools")),
                          temperature=_number(body, "temperature", 0, 2), top_p=_number(body, "top_p", 0, 1),
                          stop_sequences=stop or None, tool_choice=_tool_choice(body.get("tool_choice")))
-    return model, request, stream, include_usage
+    return ChatCall(model, request, stream, include_usage, param)
 
 
 def _messages(raw: Any) -> tuple[list[str], list[JSON]]:

@@ -118,14 +118,20 @@ class TokenGateway:
         catalog, _ = await self._catalog()
         return _resolve(catalog, name)
 
-    async def start(self, principal: Principal, name: str, request: LLMRequest) -> GatewayCall:
+    async def start(self, principal: Principal, name: str, request: LLMRequest, *,
+                    max_tokens_param: str | None = "max_tokens") -> GatewayCall:
         """Resolve the model, admit and hold; `NotFound` (field model), `InvalidRequest`, `RateLimited`,
-        `QuotaExceeded` or `NotConfigured` before anything reaches the provider."""
+        `QuotaExceeded` or `NotConfigured` before anything reaches the provider. `max_tokens_param`: the
+        caller's name of the field that set `max_tokens` (a 400 names it when the model cannot write
+        that much); None: a default, lowered to the model's largest output."""
         catalog, markup = await self._catalog()
         model = _resolve(catalog, name)
-        if model.max_output is not None and request.max_tokens > model.max_output:
-            raise InvalidRequest(f"max_tokens: {request.max_tokens} is more than {model.id} can write "
-                                 f"({model.max_output})", field="max_tokens")
+        if max_tokens_param is None and model.max_output is not None:
+            request = dataclasses.replace(request, max_tokens=min(request.max_tokens, model.max_output))
+        elif model.max_output is not None and request.max_tokens > model.max_output:
+            field = max_tokens_param or "max_tokens"
+            raise InvalidRequest(f"{field}: {request.max_tokens} is more than {model.id} can write "
+                                 f"({model.max_output})", field=field)
         driver = await self._drivers.driver_for(model, catalog)
         request = dataclasses.replace(request, model=model.upstream_model)
         prices = {model.upstream_model: model.price}
