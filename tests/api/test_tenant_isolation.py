@@ -274,6 +274,7 @@ TOKEN_API: dict[Route, Req] = {
     ("GET", "/v1/models/{model_id}"): get("/v1/models/scripted/echo"),
     ("GET", "/v1/models/{model_id:path}"): get("/v1/models/scripted/echo"),
     ("POST", "/v1/chat/completions"): Req("POST", "/v1/chat/completions", json=CHAT),
+    ("POST", "/v1/responses"): Req("POST", "/v1/responses", json={"model": "scripted/echo", "input": "hi"}),
     ("POST", "/v1/messages"): Req("POST", "/v1/messages", json={**CHAT, "max_tokens": 5}),
     ("POST", "/v1/messages/count_tokens"): Req("POST", "/v1/messages/count_tokens", json=CHAT),
 }

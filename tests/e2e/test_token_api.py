@@ -90,6 +90,25 @@ def test_the_anthropic_sdk_over_the_scripted_model_and_the_exact_stream_event_na
     assert 100 <= counted.input_tokens <= 120
 
 
+def test_the_responses_api_answers_and_streams_its_events(offline: ServeProcess) -> None:
+    client = openai.OpenAI(base_url=f"{offline.http}/v1", api_key="anything", max_retries=0)
+    done = client.responses.create(model="scripted/echo", instructions="be brief", input="hi there")
+    assert (done.status, done.output_text, done.model) == ("completed", "You said: hi there", "scripted/echo")
+    assert done.usage is not None and done.usage.model_extra == {"cost": "0.00000000"}
+    events = list(client.responses.create(model="scripted/echo", stream=True, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "a b"}]}]))
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        *["response.output_text.delta"] * 4, "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    with client.responses.stream(model="scripted/echo", input="the helper") as stream:
+        assert stream.get_final_response().output_text == "You said: the helper"
+    with pytest.raises(openai.BadRequestError) as stateful:
+        client.responses.create(model="scripted/echo", input="x", previous_response_id="resp_1")
+    assert stateful.value.param == "previous_response_id"
+
+
 def test_errors_raise_the_sdks_own_exception_types(offline: ServeProcess) -> None:
     oa = openai.OpenAI(base_url=f"{offline.http}/v1", api_key="k", max_retries=0)
     with pytest.raises(openai.NotFoundError) as missing:
@@ -219,6 +238,30 @@ def test_a_tool_call_round_trip_and_an_image_through_the_openai_sdk(
         {"type": "tool_use", "id": "toolu_w1", "name": "weather", "input": {"city": "Oslo"}}]}
     assert second[2] == {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_w1", "content": "sunny, 21 °C"}]}
+
+
+def test_a_function_call_round_trip_through_the_responses_api(srv: tuple[ServeProcess, str, str],
+                                                              fake: FakeAnthropic) -> None:
+    server, user, _ = srv
+    fake.enqueue(Reply([ToolUse("toolu_r1", "weather", {"city": "Bergen"})], stop_reason="tool_use"),
+                 Reply([Text(["Rain", " in Bergen."])]))
+    client = openai.OpenAI(base_url=f"{server.http}/v1", api_key=user, max_retries=0)
+    tools = [{"type": "function", "name": "weather", "parameters": {"type": "object"}}]
+    first = client.responses.create(model=HAIKU, input="weather in Bergen?", tools=tools)  # type: ignore[arg-type]
+    [call] = first.output
+    assert (call.type, call.call_id, call.name, json.loads(call.arguments)) == (  # type: ignore[union-attr]
+        "function_call", "toolu_r1", "weather", {"city": "Bergen"})
+    events = list(client.responses.create(model=HAIKU, stream=True, tools=tools, input=[  # type: ignore[arg-type]
+        {"role": "user", "content": "weather in Bergen?"},
+        {"type": "function_call", "call_id": "toolu_r1", "name": "weather", "arguments": call.arguments},  # type: ignore[union-attr]
+        {"type": "function_call_output", "call_id": "toolu_r1", "output": "rain"}]))
+    final = events[-1]
+    assert final.type == "response.completed" and final.response.output_text == "Rain in Bergen."  # type: ignore[union-attr]
+    assert fake.requests[1].body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "weather in Bergen?"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_r1", "name": "weather",
+                                           "input": {"city": "Bergen"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_r1", "content": "rain"}]}]
 
 
 def test_a_streamed_openai_tool_call_arrives_in_pieces(srv: tuple[ServeProcess, str, str],

@@ -212,8 +212,10 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             # each route reads its caller itself (no gate caller): its errors are in its vendor's shape
             from agentvm.api.anthropic_http import anthropic_router
             from agentvm.api.openai_http import openai_router
+            from agentvm.api.openai_responses import responses_router
 
             include(openai_router(api.token_gateway, api.token_caller))
+            include(responses_router(api.token_gateway, api.token_caller))
             include(anthropic_router(api.token_gateway, api.token_caller))
         if api.metrics is not None or api.turn_log is not None:
             from agentvm.api.ops_http import ops_router

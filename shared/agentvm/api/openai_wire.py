@@ -76,7 +76,7 @@ def to_request(body: JSON) -> ChatCall:
     request = LLMRequest(model=model, messages=messages, max_tokens=max_tokens,
                          system="\n\n".join(system) if system else None, tools=_tools(body.get("tools")),
                          temperature=_number(body, "temperature", 0, 2), top_p=_number(body, "top_p", 0, 1),
-                         stop_sequences=stop or None, tool_choice=_tool_choice(body.get("tool_choice")))
+                         stop_sequences=stop or None, tool_choice=tool_choice_of(body.get("tool_choice")))
     return ChatCall(model, request, stream, include_usage, param)
 
 
@@ -150,13 +150,13 @@ def _user_blocks(content: Any, where: str) -> list[JSON]:
         if kind == "text" and isinstance(part.get("text"), str):
             blocks.append({"type": "text", "text": part["text"]})
         elif kind == "image_url":
-            blocks.append(_image(part.get("image_url"), f"{where}[{i}].image_url"))
+            blocks.append(image_block(part.get("image_url"), f"{where}[{i}].image_url"))
         else:
             raise _bad(f"{where}[{i}]", "must be a text or image_url part")
     return blocks
 
 
-def _image(raw: Any, where: str) -> JSON:
+def image_block(raw: Any, where: str) -> JSON:
     url = raw.get("url") if isinstance(raw, dict) else raw
     if not isinstance(url, str) or not url:
         raise _bad(f"{where}.url", "required")
@@ -203,7 +203,7 @@ def _tools(raw: Any) -> list[JSON]:
     return tools
 
 
-def _tool_choice(raw: Any) -> JSON | None:
+def tool_choice_of(raw: Any) -> JSON | None:
     if raw is None:
         return None
     if raw in ("auto", "none"):
