@@ -240,7 +240,8 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
                                                      metrics=lambda: metrics, turn_log=lambda: store,
                                                      health_extra=tool_sandbox.health,
                                                      token_gateway=lambda: tokens,
-                                                     token_caller=callers.vendor_principal))
+                                                     token_caller=callers.vendor_principal,
+                                                     token_max_body_bytes=settings.token_api_max_body_bytes))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
     runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config,

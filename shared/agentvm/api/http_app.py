@@ -77,6 +77,7 @@ class HttpApi:
     # catalog, and their caller (a key from `Authorization: Bearer` or `x-api-key`)
     token_gateway: Callable[[], TokenGateway] | None = None
     token_caller: Callable[[Request], Awaitable[Principal]] | None = None
+    token_max_body_bytes: int | None = None  # None: AVM_TOKEN_API_MAX_BODY_BYTES
 
 
 # Every error answer, request validation included: declared for each operation of the OpenAPI
@@ -125,6 +126,15 @@ def _limit(value: int | None, setting: str) -> Callable[[], int]:
 def _body_too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"body: larger than this server's limit of {limit} bytes (AVM_HTTP_MAX_BODY_BYTES)",
                            field="body")
+
+
+# the token API's routes that take a request body (docs/token-api.md)
+TOKEN_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
+
+
+def _token_body_too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"body: larger than this server's limit of {limit} bytes for the token API "
+                           "(AVM_TOKEN_API_MAX_BODY_BYTES)", field="body")
 
 
 def _public_paths(app: FastAPI) -> set[str]:
@@ -217,6 +227,9 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             include(openai_router(api.token_gateway, api.token_caller))
             include(responses_router(api.token_gateway, api.token_caller))
             include(anthropic_router(api.token_gateway, api.token_caller))
+            token_limit = BodyLimit(_limit(api.token_max_body_bytes, "token_api_max_body_bytes"), _token_body_too_large)
+            for path in TOKEN_PATHS:
+                limits[path] = token_limit
         if api.metrics is not None or api.turn_log is not None:
             from agentvm.api.ops_http import ops_router
 
