@@ -28,10 +28,10 @@ from agentvm.errors import InvalidRequest, NotFound
 from agentvm.ids import now_ms
 from agentvm.money import DEFAULT_MARKUP, DEFAULT_PRICES, PRICES_TAKEN_ON, ModelPrice, prices_wire
 from agentvm.ports import ConfigStore, Env
-from agentvm.services.model_catalog import ModelCatalog, build_catalog, check_providers
 
 if TYPE_CHECKING:  # the engine is not loaded by the functions that only read or change the configuration
     from agentvm.engine.runner import EngineOptions
+    from agentvm.services.model_catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,12 @@ def _prices(v: Any) -> dict[str, dict[str, str]]:
     return out
 
 
+def _providers(v: Any) -> dict[str, Any]:
+    from agentvm.services.model_catalog import check_providers  # the token API's: off the http_api cold path
+
+    return check_providers(v)
+
+
 def price_table(value: Mapping[str, Mapping[str, str]]) -> dict[str, ModelPrice]:
     """The shipped list prices with the configured rows over them (by model prefix)."""
     table = dict(DEFAULT_PRICES)
@@ -154,7 +160,7 @@ def registry(defaults: Mapping[str, Any]) -> dict[str, ConfigKey]:
                   "Anthropic API key.", secret=True, applies="restart"),
         ConfigKey("llm.baseUrl", _url, None, ("AVM_LLM_BASE_URL",), "Override of the Anthropic API base URL.",
                   applies="restart"),
-        ConfigKey("llm.providers", check_providers, {}, ("AVM_LLM_PROVIDERS",),
+        ConfigKey("llm.providers", _providers, {}, ("AVM_LLM_PROVIDERS",),
                   "The token API's further providers (docs/token-api.md): {name: {type: openai | anthropic | "
                   "bedrock, baseUrl, apiKeyEnv (the variable holding its key), models: {model: {input, output, "
                   "cacheRead, cacheWrite (USD per million tokens), contextWindow, maxOutput}}}}; their models are "
@@ -327,6 +333,8 @@ class ConfigService:
 
     async def catalog(self, *, anthropic: bool, anthropic_base_url: str | None = None) -> tuple[ModelCatalog, Decimal]:
         """The token API's model catalog as configured now, and the markup (services/model_catalog.py)."""
+        from agentvm.services.model_catalog import build_catalog
+
         v = _merged(await self.layers())
         catalog = build_catalog(price_table(v["billing.prices"]), v.get("llm.providers") or {}, anthropic=anthropic,
                                 anthropic_base_url=anthropic_base_url)
