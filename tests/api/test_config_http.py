@@ -80,8 +80,8 @@ async def test_an_invalid_update_is_refused_and_changes_nothing(srv: InProcess) 
             ("llm.providers", {"anthropic": {"type": "anthropic", "models": {}}}, 400,
              "llm.providers: anthropic: this provider name is built in"),
             ("no.such.key", 1, 404, "Unknown config key: no.such.key (known: llm.model, llm.maxTokens, llm.apiKey, "
-             "llm.baseUrl, llm.providers, system.maxToolIterations, system.streamFlushMs, system.streamMaxFlushMs, defaults.markup, "
-             "billing.prices)"),
+             "llm.baseUrl, llm.providers, system.maxToolIterations, system.streamFlushMs, system.streamMaxFlushMs, "
+             "defaults.markup, billing.prices)"),
         ]
         for key, value, status, message in cases:
             res = await http.put(f"/v1/config/{key}", json={"value": value})
