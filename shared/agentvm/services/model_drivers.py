@@ -10,7 +10,7 @@ entry in the configuration."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from agentvm.errors import NotConfigured
 from agentvm.ports import Driver, Env
@@ -20,8 +20,11 @@ DriverFactory = Callable[[ProviderSpec, str | None], Driver]
 
 
 class ModelDrivers:
-    def __init__(self, *, builtin: Mapping[str, Driver], factories: Mapping[str, DriverFactory], env: Env) -> None:
+    def __init__(self, *, builtin: Mapping[str, Driver], factories: Mapping[str, DriverFactory], env: Env,
+                 lazy: Mapping[str, Callable[[], Awaitable[Driver]]] | None = None) -> None:
         self._builtin = dict(builtin)
+        # a built-in provider's driver made on first use (the cloud's: its key is read from a secret)
+        self._lazy = dict(lazy or {})
         self._factories = dict(factories)
         self._env = env
         self._made: dict[str, tuple[str, Driver]] = {}  # provider name: (what it was made from, driver)
@@ -34,6 +37,9 @@ class ModelDrivers:
         builtin = self._builtin.get(model.provider)
         if builtin is not None:
             return builtin
+        lazy = self._lazy.get(model.provider)
+        if lazy is not None:
+            return await lazy()
         spec = catalog.providers.get(model.provider)
         if spec is None:
             raise NotConfigured(f"model: provider {model.provider} is not configured", field="model")
