@@ -109,6 +109,28 @@ def test_the_responses_api_answers_and_streams_its_events(offline: ServeProcess)
     assert stateful.value.param == "previous_response_id"
 
 
+def test_one_config_entry_adds_a_provider_and_its_priced_models_to_the_catalog(offline: ServeProcess) -> None:
+    entry = {"deepseek": {"type": "openai", "baseUrl": "http://127.0.0.1:9/v1", "apiKeyEnv": "AVM_TEST_UNSET_KEY",
+                          "models": {"deepseek-chat": {"input": "0.27", "output": "1.10", "cacheRead": "0.07",
+                                                       "cacheWrite": "0.27", "maxOutput": 8192}}}}
+    put = httpx.put(f"{offline.http}/v1/config/llm.providers", json={"value": entry})
+    assert put.status_code == 200, put.text
+    try:
+        client = openai.OpenAI(base_url=f"{offline.http}/v1", api_key="k", max_retries=0)
+        models = {m.id: m for m in client.models.list()}
+        assert list(models) == ["scripted/echo", "deepseek/deepseek-chat"]
+        assert models["deepseek/deepseek-chat"].owned_by == "deepseek"
+        assert models["deepseek/deepseek-chat"].model_extra["pricing"]["output"] == "1.10"  # type: ignore[index]
+        # no driver for its type in this build, or (once there is) no key: refused naming the provider
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(model="deepseek/deepseek-chat", messages=[{"role": "user", "content": "x"}])
+        assert refused.value.status_code == 503
+        assert refused.value.body["message"].startswith("model: provider deepseek ")  # type: ignore[index]
+    finally:
+        httpx.delete(f"{offline.http}/v1/config/llm.providers")
+    assert [m.id for m in openai.OpenAI(base_url=f"{offline.http}/v1", api_key="k").models.list()] == ["scripted/echo"]
+
+
 def test_errors_raise_the_sdks_own_exception_types(offline: ServeProcess) -> None:
     oa = openai.OpenAI(base_url=f"{offline.http}/v1", api_key="k", max_retries=0)
     with pytest.raises(openai.NotFoundError) as missing:
