@@ -9,6 +9,7 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 import uvicorn
@@ -55,6 +56,9 @@ from agentvm.services.config import ConfigService, from_settings
 from agentvm.services.keys import KeyService
 from agentvm.services.metering import Meter
 from agentvm.services.metrics import TurnMetrics
+from agentvm.services.model_catalog import ModelCatalog, ProviderSpec
+from agentvm.services.model_drivers import DriverFactory, ModelDrivers, upstream_factories
+from agentvm.services.token_gateway import TokenGateway
 from agentvm.services.use_cases import UseCases
 from agentvm.tools.catalog import StdioSchemas, ToolCatalog
 from agentvm.tools.mcp import McpPool
@@ -79,6 +83,31 @@ def build_driver(settings: Settings) -> Driver:
     if settings.script_path is not None:
         return ScriptedDriver.from_file(settings.script_path)
     return ScriptedDriver()
+
+
+def driver_factories(settings: Settings) -> dict[str, DriverFactory]:
+    """The driver families the token API's configured providers (`llm.providers`) may use, by kind."""
+
+    def anthropic(spec: ProviderSpec, key: str | None) -> Driver:
+        from agentvm.drivers.anthropic_sdk import AnthropicDriver
+
+        return AnthropicDriver(key or "", base_url=spec.base_url, timeout_s=settings.llm_timeout_s,
+                               max_retries=settings.llm_max_retries)
+
+    return {"anthropic": anthropic,
+            **upstream_factories(timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries)}
+
+
+def token_gateway(settings: Settings, driver: Driver, config: ConfigService, meter: Meter) -> TokenGateway:
+    """The token API over the runtime's own driver (Anthropic with a key, else the scripted model) and the
+    configured providers."""
+    anthropic = driver.name != "scripted"
+    drivers = ModelDrivers(builtin={driver.name: driver}, factories=driver_factories(settings), env=ProcessEnv())
+
+    async def catalog() -> tuple[ModelCatalog, Decimal]:
+        return await config.catalog(anthropic=anthropic, anthropic_base_url=settings.llm_base_url)
+
+    return TokenGateway(catalog=catalog, drivers=drivers, meter=meter)
 
 
 def auth_mode(settings: Settings) -> str:
@@ -204,6 +233,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
     billing = BillingService(ledger, keys, meter)
 
     chat = ChatService(services, HubFeeds(hub, sessions, max_queue=settings.send_queue_max))
+    tokens = token_gateway(settings, drv, config, meter)
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
                                                      principal_for=callers.principal, config=lambda: config,
                                                      admin_for=callers.admin, keys=lambda: key_service,
@@ -218,7 +248,10 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
                                                      console_dir=CONSOLE_DIR,
                                                      console_auth="keys" if keyed else "open",
                                                      health_extra=lambda: {"auth": "keys" if keyed else "open",
-                                                                   **tool_sandbox.health()}))
+                                                                   **tool_sandbox.health()},
+                                                     token_gateway=lambda: tokens,
+                                                     token_caller=callers.vendor_principal,
+                                                     token_max_body_bytes=settings.token_api_max_body_bytes))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)
     runtime = Runtime(settings, store, hub, services, sessions, router, endpoint, app, drv, sandbox, mcp, config,

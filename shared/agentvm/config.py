@@ -105,6 +105,9 @@ class Settings(BaseSettings):
         "Largest session archive `POST /v1/sessions/import` accepts (bytes); larger ones get a 413."))
     http_max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1 << 30, description=(
         "Largest body of any other HTTP request (bytes); larger ones get a 413, unread."))
+    token_api_max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=1 << 30, description=(
+        "Largest body of a token API request (/v1/chat/completions, /v1/responses, /v1/messages: images "
+        "travel in it as base64; Anthropic's own limit is 32 MB); larger ones get a 413, unread."))
     cors_origins: str = Field("", description=(
         "Origins whose browser pages may call the HTTP APIs (comma-separated, e.g. "
         "https://console.example.com); empty: no cross-origin access. No wildcard: name each origin."))

@@ -56,6 +56,11 @@ def turn_id() -> str:
     return _new("turn")
 
 
+def call_id() -> str:
+    """A token API call (its usage record is `<call id>#llm#1`)."""
+    return _new("call")
+
+
 def connection_id() -> str:
     return _new("conn")
 

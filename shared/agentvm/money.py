@@ -37,6 +37,15 @@ DEFAULT_PRICES: dict[str, ModelPrice] = {
     "claude-3-haiku": ModelPrice(Decimal("0.25"), Decimal("1.25"), Decimal("0.30"), Decimal("0.03")),
     "scripted": ModelPrice(Decimal("0"), Decimal("0"), Decimal("0"), Decimal("0")),
 }
+# The Anthropic models the token API's catalog lists (`anthropic/<id>`), with their context window
+# and largest output in tokens (Anthropic's models overview, taken with the prices). Any other model
+# name a price row covers is still accepted (`anthropic/claude-sonnet-4-5-20250929`): it is not listed.
+LISTED_MODELS: dict[str, tuple[int, int]] = {
+    "claude-opus-4-6": (1_000_000, 128_000),
+    "claude-opus-4-5": (200_000, 64_000),
+    "claude-sonnet-4-5": (200_000, 64_000),
+    "claude-haiku-4-5": (200_000, 64_000),
+}
 DEFAULT_MARKUP = Decimal("1.05")
 # priced (at zero) for the offline scripted driver: a known model only while that driver runs
 OFFLINE_MODELS = ("scripted",)

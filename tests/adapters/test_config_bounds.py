@@ -33,11 +33,13 @@ from tests.adapters.test_config_store import Clock, SsmBackend
 
 # Every key of the config center is one or the other: a key added later must be classified here.
 NUMERIC_KEYS = ("llm.maxTokens", "system.maxToolIterations", "system.streamFlushMs", "system.streamMaxFlushMs",
-                "defaults.markup", "billing.prices")
+                "defaults.markup", "billing.prices", "llm.providers")
+# keys whose numbers sit in a row of a mapping (`in_row`)
+ROW_KEYS = ("billing.prices", "llm.providers")
 TEXT_KEYS = ("llm.model", "llm.apiKey", "llm.baseUrl")
 ENV = {"llm.maxTokens": "AVM_LLM_MAX_TOKENS", "system.maxToolIterations": "AVM_MAX_TOOL_ITERATIONS",
        "system.streamFlushMs": "AVM_STREAM_FLUSH_MS", "system.streamMaxFlushMs": "AVM_STREAM_MAX_FLUSH_MS",
-       "defaults.markup": "AVM_MARKUP", "billing.prices": "AVM_PRICES"}
+       "defaults.markup": "AVM_MARKUP", "billing.prices": "AVM_PRICES", "llm.providers": "AVM_LLM_PROVIDERS"}
 
 # as JSON values (a PUT body or a stored runtime value)
 BAD_VALUES: list[Any] = ["NaN", "nan", "sNaN", "Infinity", "-Infinity", "inf", math.nan, math.inf, -math.inf,
@@ -48,9 +50,13 @@ BAD_TEXTS = ["NaN", "nan", "Infinity", "-Infinity", "inf", "-1", "1e30", "100000
 BAD_YAML = [".nan", ".inf", "-.inf", "-1", "1e30", "100000000000000000000000000000", "true", "false", "'NaN'"]
 
 
-def in_row(value: Any) -> dict[str, Any]:
-    """`value` as the input price of a billing.prices row (the other prices valid)."""
-    return {"claude-sonnet-4": {"input": value, "output": "1", "cacheWrite": "1", "cacheRead": "1"}}
+def in_row(value: Any, key: str = "billing.prices") -> dict[str, Any]:
+    """`value` as the input price of a billing.prices row, or of an llm.providers model (the other prices
+    valid)."""
+    row = {"input": value, "output": "1", "cacheWrite": "1", "cacheRead": "1"}
+    if key == "llm.providers":
+        return {"deepseek": {"type": "openai", "baseUrl": "https://api.deepseek.com", "models": {"deepseek-chat": row}}}
+    return {"claude-sonnet-4": row}
 
 
 def service(store: ConfigStore, env: dict[str, str] | None = None, file: Path | None = None) -> ConfigService:
@@ -94,7 +100,7 @@ class ConfigStoreStub:
 async def test_an_update_with_a_bad_number_is_refused_naming_the_key(key: str, bad: Any,
                                                                      sqlite_config: SqliteConfigStore) -> None:
     config = service(sqlite_config)
-    value = in_row(bad) if key == "billing.prices" else bad
+    value = in_row(bad, key) if key in ROW_KEYS else bad
     with pytest.raises(InvalidRequest) as refused:
         await config.set(key, value, actor="test")
     assert refused.value.field == key
@@ -106,7 +112,7 @@ async def test_an_update_with_a_bad_number_is_refused_naming_the_key(key: str, b
 @pytest.mark.parametrize("bad", BAD_TEXTS)
 @pytest.mark.parametrize("key", NUMERIC_KEYS)
 async def test_a_bad_environment_variable_stops_start_up_naming_it(key: str, bad: str) -> None:
-    text = orjson.dumps(in_row(bad)).decode() if key == "billing.prices" else bad
+    text = orjson.dumps(in_row(bad, key)).decode() if key in ROW_KEYS else bad
     config = service(ConfigStoreStub(), {ENV[key]: text})
     with pytest.raises(InvalidRequest) as refused:
         await config.check_startup()
@@ -121,6 +127,10 @@ async def test_a_bad_config_file_value_stops_start_up_naming_it(key: str, bad: s
     if key == "billing.prices":
         file.write_text(f"billing:\n  prices:\n    claude-sonnet-4:\n      input: {bad}\n      output: 1\n"
                         "      cacheWrite: 1\n      cacheRead: 1\n")
+    elif key == "llm.providers":
+        file.write_text(f"llm:\n  providers:\n    ds:\n      type: openai\n      baseUrl: https://x.example\n"
+                        f"      models:\n        m:\n          input: {bad}\n          output: 1\n"
+                        "          cacheWrite: 1\n          cacheRead: 1\n")
     else:
         section, leaf = key.split(".")
         file.write_text(f"{section}:\n  {leaf}: {bad}\n")

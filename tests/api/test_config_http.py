@@ -68,9 +68,20 @@ async def test_an_invalid_update_is_refused_and_changes_nothing(srv: InProcess) 
             ("defaults.markup", "cheap", 400, "defaults.markup: must be a decimal number such as 1.05"),
             ("defaults.markup", "0.5", 400, "defaults.markup: must be from 1 to 10 (a price multiplier)"),
             ("llm.baseUrl", "ftp://x", 400, "llm.baseUrl: must be an http(s) URL"),
+            ("llm.providers", {"deepseek": {"type": "openai", "models": {"deepseek-chat": {}}}}, 400,
+             "llm.providers: deepseek.baseUrl: an OpenAI-compatible provider needs its base URL"),
+            ("llm.providers", {"ds": {"type": "openai", "baseUrl": "https://api.deepseek.com", "apiKey": "sk-1",
+                                      "models": {"c": {}}}}, 400,
+             "llm.providers: ds.apiKey: unknown field (known: type, baseUrl, apiKeyEnv, region, models; a key "
+             "itself never goes here: apiKeyEnv names the variable that holds it)"),
+            ("llm.providers", {"ds": {"type": "openai", "baseUrl": "https://api.deepseek.com",
+                                      "models": {"c": {"input": "1", "output": "2", "cacheRead": "0.1"}}}}, 400,
+             "llm.providers: ds.models.c.cacheWrite: missing (USD per million tokens; every model is priced)"),
+            ("llm.providers", {"anthropic": {"type": "anthropic", "models": {}}}, 400,
+             "llm.providers: anthropic: this provider name is built in"),
             ("no.such.key", 1, 404, "Unknown config key: no.such.key (known: llm.model, llm.maxTokens, llm.apiKey, "
-             "llm.baseUrl, system.maxToolIterations, system.streamFlushMs, system.streamMaxFlushMs, defaults.markup, "
-             "billing.prices)"),
+             "llm.baseUrl, llm.providers, system.maxToolIterations, system.streamFlushMs, system.streamMaxFlushMs, "
+             "defaults.markup, billing.prices)"),
         ]
         for key, value, status, message in cases:
             res = await http.put(f"/v1/config/{key}", json={"value": value})
@@ -111,7 +122,7 @@ async def test_avm_config_commands(srv: InProcess, capsys: pytest.CaptureFixture
     code, _, err = await asyncio.to_thread(avm, "set", "llm.maxTokens", "0")
     assert (code, err) == (1, "avm config: llm.maxTokens: must be an integer from 1 to 200000\n")
     code, out, _ = await asyncio.to_thread(avm, "get")
-    assert code == 0 and SECRET not in out and len(out.splitlines()) == 9
+    assert code == 0 and SECRET not in out and len(out.splitlines()) == 10
 
 
 def test_a_bad_config_file_stops_avm_serve_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -66,6 +66,13 @@ def operations(srv: InProcess) -> list[tuple[str, str, bool]]:
     return found
 
 
+TOKEN_API = ("/v1/models", "/v1/chat/completions", "/v1/responses", "/v1/messages")
+_TOKEN_KEY = "API key required: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
+TOKEN_API_MISSING = [
+    {"error": {"message": _TOKEN_KEY, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}},
+    {"type": "error", "error": {"type": "authentication_error", "message": _TOKEN_KEY}}]
+
+
 async def test_every_route_answers_401_before_it_reads_a_body(keyed: tuple[InProcess, dict[str, str]]) -> None:
     srv, auth = keyed
     ops = operations(srv)
@@ -78,6 +85,9 @@ async def test_every_route_answers_401_before_it_reads_a_body(keyed: tuple[InPro
                 continue
             for query in ({}, {"token": auth["admin"].removeprefix("Bearer ")}):  # HTTP reads no ?token=
                 res = await http.request(method, path, params=query, content=bad)
+                if path.startswith(TOKEN_API):  # its route reads the key before the body, in its vendor's shape
+                    assert res.status_code == 401 and res.json() in TOKEN_API_MISSING, (method, path, query)
+                    continue
                 assert (res.status_code, res.json()) == (401, MISSING), (method, path, query)
             if takes_body:  # with a key, the same body is read, and refused for what it is
                 res = await http.request(method, path, content=bad, headers={"authorization": auth["admin"]})

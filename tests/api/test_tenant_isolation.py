@@ -274,6 +274,20 @@ DEPLOYMENT: dict[Route, Req] = {
     ("GET", "/metrics"): get("/metrics"),  # Prometheus: every tenant aggregated, no ids
 }
 
+# the token API (docs/token-api.md): a call is the caller's tenant's (its bill), with no ids of anything
+# stored to isolate; its refusals are in its vendor's shape (checked in test_requests_without_a_valid_key…)
+CHAT = {"model": "scripted/echo", "messages": [{"role": "user", "content": "hi"}]}
+TOKEN_API: dict[Route, Req] = {
+    ("GET", "/v1/models"): get("/v1/models"),
+    ("GET", "/v1/models/{model_id}"): get("/v1/models/scripted/echo"),
+    ("GET", "/v1/models/{model_id:path}"): get("/v1/models/scripted/echo"),
+    ("POST", "/v1/chat/completions"): Req("POST", "/v1/chat/completions", json=CHAT),
+    ("POST", "/v1/responses"): Req("POST", "/v1/responses", json={"model": "scripted/echo", "input": "hi"}),
+    ("POST", "/v1/messages"): Req("POST", "/v1/messages", json={**CHAT, "max_tokens": 5}),
+    ("POST", "/v1/messages/count_tokens"): Req("POST", "/v1/messages/count_tokens", json=CHAT),
+}
+OPENAI_REFUSAL = ("invalid_request_error", "invalid_api_key")
+
 # being added by other work: covered once present, and never required
 OPTIONAL: frozenset[Route] = frozenset({
     ("GET", "/v1/metrics"), ("GET", "/v1/logs"), ("GET", "/v1/usage"), ("GET", "/v1/usage/export"),
@@ -520,7 +534,7 @@ def test_the_tables_cover_every_route_and_command(tmp_path: Path) -> None:
     rt = build_runtime(Settings(host="127.0.0.1", port=0, data_dir=tmp_path, auth="keys"))
     found = http_routes(rt.app)
     assert ("GET", "/v1/images/{image_id}") in found and ("GET", "/health") in found  # the walk works
-    listed = set(TABLE) | set(TENANTLESS) | set(DEPLOYMENT)
+    listed = set(TABLE) | set(TENANTLESS) | set(DEPLOYMENT) | set(TOKEN_API)
     assert not set(TABLE) & set(TENANTLESS) and not set(TABLE) & set(DEPLOYMENT)
     uncovered = found - listed
     assert not uncovered, f"routes with no row in TABLE (or TENANTLESS/DEPLOYMENT): {sorted(uncovered)}"
@@ -576,6 +590,7 @@ async def test_requests_without_a_valid_key_are_refused(tmp_path: Path) -> None:
         }
         first: dict[Route, Req] = {route: _build(row[0])(w.a, w.b) for route, row in TABLE.items()}
         first.update(DEPLOYMENT)
+        first.update(TOKEN_API)
         checked = 0
         for route in sorted(routes - set(TENANTLESS)):
             req = first[route]
@@ -585,7 +600,15 @@ async def test_requests_without_a_valid_key_are_refused(tmp_path: Path) -> None:
             tries = [(why, req, headers) for why, headers in refused.items()] + [("key in the URL", in_url, {})]
             answers = await asyncio.gather(*(send(w.http, r, h) for _, r, h in tries))
             for (why, _, _), res in zip(tries, answers, strict=True):
-                assert (res.status_code, res.json()["error"]["code"]) == (401, "unauthorized"), (route, why, res.text)
+                if route in TOKEN_API and route[1].startswith("/v1/messages"):  # Anthropic's shape
+                    assert (res.status_code, res.json()["type"], res.json()["error"]["type"]) == (
+                        401, "error", "authentication_error"), (route, why, res.text)
+                elif route in TOKEN_API:  # OpenAI's
+                    error = res.json()["error"]
+                    assert (res.status_code, error["type"], error["code"]) == (401, *OPENAI_REFUSAL), (route, why)
+                else:
+                    assert (res.status_code, res.json()["error"]["code"]) == (401, "unauthorized"), (route, why,
+                                                                                                    res.text)
             checked += 1
         assert checked == len(routes) - len(TENANTLESS)
         for route in TENANTLESS:

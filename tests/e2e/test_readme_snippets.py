@@ -56,13 +56,14 @@ SSE = ("curl -N http://127.0.0.1:8080/api/v1/chat/completions -H 'content-type: 
 USAGE = 'curl -s "http://127.0.0.1:8080/v1/usage?period=$(date -u +%Y-%m)&groupBy=model"'
 PY_CLIENT = "from agentvm_client import AgentVMClient"
 PY_MANAGEMENT = "from agentvm_client import ManagementClient"
+PY_OPENAI = "from openai import OpenAI"
 FRAGMENT = 'config = {"name": "Coder", "tools":'  # continues the PY_CLIENT program: run with its `avm`
 SESSIONS = ".venv/bin/avm sessions list"
 HELP = ".venv/bin/avm --help"
 COMPLETION = 'eval "$(_AVM_COMPLETE=bash_source .venv/bin/avm)"'
-RUN = (SERVE, CHAT, CHAT_IMAGE, SSE, USAGE, PY_CLIENT, PY_MANAGEMENT, FRAGMENT, SESSIONS, HELP, COMPLETION)
+RUN = (SERVE, CHAT, CHAT_IMAGE, SSE, USAGE, PY_CLIENT, PY_MANAGEMENT, PY_OPENAI, FRAGMENT, SESSIONS, HELP, COMPLETION)
 AGENTX = 'import { createAgentX } from "agentxjs";'
-PROGRAMS = {PY_CLIENT, PY_MANAGEMENT, AGENTX, FRAGMENT}  # keys of ```python and ```js blocks
+PROGRAMS = {PY_CLIENT, PY_MANAGEMENT, PY_OPENAI, AGENTX, FRAGMENT}  # keys of ```python and ```js blocks
 
 NOT_RUN = {
     "make serve": "the set-up itself: this test runs in the venv it makes, and the server it starts is "
@@ -304,6 +305,9 @@ def test_the_readme_quick_start_runs_literally(tmp_path: Path) -> None:
 
         for _ in range(2):  # the second run finds prompts/sales@1.0.0 registered: publish is a no-op
             assert env.python(units[PY_MANAGEMENT][1], tmp_path) == "You said: Hello!\n"
+        turns += 2
+        for _ in range(2):  # the OpenAI SDK over the token API: one metered call of the scripted model each
+            assert env.python(units[PY_OPENAI][1], tmp_path) == "You said: Hello!\n"
         turns += 2
         found = httpx.get(f"{srv.http}/v1/resources", params={"kind": "prompt"}, timeout=10).json()["items"]
         assert [(r["name"], r["version"]) for r in found] == [("sales", "1.0.0")]

@@ -348,26 +348,22 @@ async def test_what_cannot_be_translated_is_refused_before_any_call(server: Stub
 
 async def test_streams_wait_on_the_drivers_own_threads(server: StubServer, driver: BedrockConverseDriver) -> None:
     """A stream waiting for the model holds a thread of the driver's own pool, not one of the loop's
-    default executor (min(32, cores + 4) threads), which `asyncio.to_thread` users and DNS lookups
-    need: with more waiting streams than that executor has threads, it still answers at once."""
-    from tests.fakes.http_stub import Stub
+    default executor, which `asyncio.to_thread` users and DNS lookups need: with the default executor's
+    only thread held for the whole stream, the stream still completes."""
+    import concurrent.futures
+    import threading
 
-    slow = br.text_reply(["slow"])
-    waiting = 40  # more than the default executor's threads on any machine
-    server.enqueue(*[Stub(slow.status, slow.headers, (b"", *slow.pieces), delay_s=0.4) for _ in range(waiting)])
+    server.enqueue(br.text_reply(["slow"]))
     loop = asyncio.get_running_loop()
-
-    streams = [asyncio.ensure_future(_collect(driver)) for _ in range(waiting)]
-    async with asyncio.timeout(10):
-        while len(server.requests) < waiting:  # noqa: ASYNC110 (the server's thread records them)
-            await asyncio.sleep(0.02)  # then every stream is waiting for its first event
-    started = loop.time()
-    await asyncio.to_thread(lambda: None)
-    elapsed = loop.time() - started
-    results = await asyncio.gather(*streams)
-
-    assert all(TextDelta("slow") in events for events in results)
-    assert elapsed < 0.3, elapsed
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    release = threading.Event()
+    held = loop.run_in_executor(None, release.wait)  # the default executor's one thread, busy until the end
+    try:
+        events = await _collect(driver)
+    finally:
+        release.set()
+        await held
+    assert TextDelta("slow") in events
 
 
 async def test_a_consumer_that_stops_early_releases_the_stream(server: StubServer,
@@ -383,3 +379,12 @@ async def test_a_consumer_that_stops_early_releases_the_stream(server: StubServe
         events = await _collect(driver)
 
     assert TextDelta("again") in events and len(server.requests) == 2
+
+
+def test_the_token_apis_system_blocks_keep_their_cache_marks_and_top_p() -> None:
+    blocks = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}},
+              {"type": "text", "text": "Answer in French."}]
+    params = converse_params(_request(system="ignored", system_blocks=blocks, top_p=0.25))
+    assert params["system"] == [{"text": "Be brief."}, {"cachePoint": {"type": "default"}},
+                                {"text": "Answer in French."}]
+    assert params["inferenceConfig"]["topP"] == 0.25

@@ -418,3 +418,26 @@ async def test_presets_name_the_provider_and_pick_the_max_tokens_field(server: S
         OpenAICompatDriver.for_provider("together", "k")
     custom = OpenAICompatDriver.for_provider("together", "k", base_url="https://api.together.xyz/v1")
     assert (custom.name, custom._url) == ("together", "https://api.together.xyz/v1/chat/completions")
+
+
+def test_the_token_apis_system_blocks_and_top_p_reach_the_body() -> None:
+    blocks = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}},
+              {"type": "text", "text": "Answer in French."}]
+    body = chat_body(_request(system="ignored: the blocks win", system_blocks=blocks, top_p=0.5))
+    assert body["messages"][0] == {"role": "system", "content": "Be brief.\n\nAnswer in French."}
+    assert body["top_p"] == 0.5
+    assert "top_p" not in chat_body(_request())
+
+
+def test_the_upstream_factories_make_each_familys_driver() -> None:
+    from agentvm.drivers.bedrock_converse import BedrockConverseDriver
+    from agentvm.services.model_catalog import ProviderSpec
+    from agentvm.services.model_drivers import upstream_factories
+
+    factories = upstream_factories(timeout_s=30.0, max_retries=1)
+    assert sorted(factories) == ["bedrock", "openai"]
+    openai = factories["openai"](ProviderSpec("deepseek", "openai", "https://api.deepseek.com/v1", "DS_KEY"), "k")
+    assert isinstance(openai, OpenAICompatDriver) and openai.name == "deepseek"
+    assert repr(openai) == "OpenAICompatDriver(name='deepseek', base_url='https://api.deepseek.com/v1')"
+    bedrock = factories["bedrock"](ProviderSpec("bedrock", "bedrock", region="us-west-2"), None)
+    assert isinstance(bedrock, BedrockConverseDriver) and bedrock.name == "bedrock"

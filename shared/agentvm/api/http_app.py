@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from agentvm.services.chat import ChatService
     from agentvm.services.keys import Caller, KeyService
     from agentvm.services.metrics import TurnMetrics
+    from agentvm.services.token_gateway import TokenGateway
     from agentvm.services.use_cases import UseCases
 
 
@@ -77,6 +78,11 @@ class HttpApi:
     health_extra: Callable[[], dict[str, Any]] | None = None
     # what is wrong now (avm serve: storage failures); any → /health says "degraded" and lists them
     health_problems: Callable[[], Awaitable[list[str]]] | None = None
+    # the token API (docs/token-api.md): OpenAI- and Anthropic-compatible routes over the model
+    # catalog, and their caller (a key from `Authorization: Bearer` or `x-api-key`)
+    token_gateway: Callable[[], TokenGateway] | None = None
+    token_caller: Callable[[Request], Awaitable[Principal]] | None = None
+    token_max_body_bytes: int | None = None  # None: AVM_TOKEN_API_MAX_BODY_BYTES
 
 
 # Every error answer, request validation included: declared for each operation of the OpenAPI
@@ -125,6 +131,15 @@ def _limit(value: int | None, setting: str) -> Callable[[], int]:
 def _body_too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"body: larger than this server's limit of {limit} bytes (AVM_HTTP_MAX_BODY_BYTES)",
                            field="body")
+
+
+# the token API's routes that take a request body (docs/token-api.md)
+TOKEN_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
+
+
+def _token_body_too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"body: larger than this server's limit of {limit} bytes for the token API "
+                           "(AVM_TOKEN_API_MAX_BODY_BYTES)", field="body")
 
 
 def _public_paths(app: FastAPI) -> set[str]:
@@ -209,6 +224,18 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             if probe is None:
                 raise ValueError("the chat API needs a store probe for its health check")
             include(chat_router(api.chat, principal_for, probe=probe))
+        if api.token_gateway is not None and api.token_caller is not None:
+            # each route reads its caller itself (no gate caller): its errors are in its vendor's shape
+            from agentvm.api.anthropic_http import anthropic_router
+            from agentvm.api.openai_http import openai_router
+            from agentvm.api.openai_responses import responses_router
+
+            include(openai_router(api.token_gateway, api.token_caller))
+            include(responses_router(api.token_gateway, api.token_caller))
+            include(anthropic_router(api.token_gateway, api.token_caller))
+            token_limit = BodyLimit(_limit(api.token_max_body_bytes, "token_api_max_body_bytes"), _token_body_too_large)
+            for path in TOKEN_PATHS:
+                limits[path] = token_limit
         if api.metrics is not None or api.turn_log is not None:
             from agentvm.api.ops_http import ops_router
 

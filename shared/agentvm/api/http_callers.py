@@ -36,6 +36,18 @@ class HttpCallers:
         key = await self.key(request)
         return self._open_principal() if key is None else Principal(key.tenant_id, key.key_id)
 
+    async def vendor_principal(self, request: Request) -> Principal:
+        """The token API's caller (api/openai_http.py, api/anthropic_http.py): the key of `Authorization:
+        Bearer` or `x-api-key`, as the vendors' SDKs send it; in the open mode, anyone."""
+        if self._open is not None:
+            return self._open
+        from agentvm.api.token_common import vendor_token
+
+        found = self._authenticator
+        authenticator = found if isinstance(found, Authenticator) else await found()
+        key = await authenticator.authenticate_key(vendor_token(request))
+        return Principal(key.tenant_id, key.key_id)
+
     async def admin(self, request: Request) -> Principal:
         """A caller whose key has the `operator` scope; in the open mode, anyone."""
         key = await self.key(request)

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from agentvm.services.billing import BillingService
     from agentvm.services.config import ConfigService
     from agentvm.services.metering import Meter
+    from agentvm.services.token_gateway import TokenGateway
 
 T = TypeVar("T")
 
@@ -264,6 +265,50 @@ class CloudRuntime:
         from agentvm.services.billing import BillingService
 
         return BillingService(self.meter.ledger, self.key_store, self.meter)
+
+    @functools.cached_property
+    def token_gateway(self) -> TokenGateway:
+        """The token API (docs/token-api.md) over this environment's driver (Anthropic with a key, else the
+        scripted model), the config center's catalog and the meter. Configured providers' keys are read by
+        name from the SSM parameters under AVM_CONFIG_PATH (`secret:` values from Secrets Manager)."""
+        from decimal import Decimal
+
+        from agentvm.money import DEFAULT_MARKUP, DEFAULT_PRICES
+        from agentvm.ports import Env
+        from agentvm.services.model_catalog import ModelCatalog, ProviderSpec, build_catalog
+        from agentvm.services.model_drivers import ModelDrivers, upstream_factories
+        from agentvm.services.token_gateway import TokenGateway
+
+        s = self.settings
+        env: Env
+        if s.config_path:
+            from agentvm.adapters.aws.aws_env import AwsEnv, ParameterValues
+
+            env = AwsEnv(ParameterValues(session=self.session, endpoint_url=s.aws_endpoint_url,
+                                         region_name=s.aws_region), s.config_path, self.secrets)
+        else:
+            from agentvm.adapters.local.local_env import ProcessEnv
+
+            env = ProcessEnv()
+
+        async def catalog() -> tuple[ModelCatalog, Decimal]:
+            anthropic = (await self.driver()).name != "scripted"
+            if self.config is None:
+                return build_catalog(DEFAULT_PRICES, {}, anthropic=anthropic), DEFAULT_MARKUP
+            return await self.config.catalog(anthropic=anthropic, anthropic_base_url=s.llm_base_url)
+
+        def anthropic(spec: ProviderSpec, key: str | None) -> Driver:
+            from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
+
+            return AnthropicLiteDriver(key or "", base_url=spec.base_url, timeout_s=s.llm_timeout_s,
+                                       max_retries=s.llm_max_retries)
+
+        drivers = ModelDrivers(builtin={}, lazy={"anthropic": self.driver, "scripted": self.driver},
+                               factories={"anthropic": anthropic,
+                                          **upstream_factories(timeout_s=s.llm_timeout_s,
+                                                               max_retries=s.llm_max_retries)},
+                               env=env)
+        return TokenGateway(catalog=catalog, drivers=drivers, meter=self.meter)
 
     async def ready(self) -> CloudRuntime:
         await self.store.open()

@@ -336,6 +336,8 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
     app = create_app(api=HttpApi(resources=resources, principal_for=principal_for, config=config,
                                  admin_for=callers.admin, services=services, chat=chat, probe=probe, keys=keys,
                                  key_caller=callers.key_caller, billing=lambda: _scope().rt.billing,
-                                 turn_log=lambda: _scope().rt.store))
+                                 turn_log=lambda: _scope().rt.store,
+                                 token_gateway=lambda: _scope().rt.token_gateway,
+                                 token_caller=callers.vendor_principal))
     app.add_middleware(RequestScopes, runtime=get_runtime)
     return app

@@ -124,14 +124,18 @@ def retry_delay_s(retries_done: int, retry_after: float | None) -> float:
 def request_body(request: LLMRequest) -> JSON:
     """The Messages API body for a streamed call; unset optional fields are left out."""
     body: JSON = {"model": request.model, "max_tokens": request.max_tokens, "messages": request.messages}
-    if request.system is not None:
+    if request.system_blocks is not None:
+        body["system"] = request.system_blocks
+    elif request.system is not None:
         body["system"] = request.system
     if request.tools:
         body["tools"] = request.tools
-    if request.temperature is not None:
-        body["temperature"] = request.temperature
     if request.tool_choice is not None:
         body["tool_choice"] = request.tool_choice
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.top_p is not None:
+        body["top_p"] = request.top_p
     if request.stop_sequences:
         body["stop_sequences"] = request.stop_sequences
     body["stream"] = True

@@ -16,7 +16,7 @@ from typing import cast
 
 import anthropic
 import httpx2
-from anthropic.types import MessageParam, ToolChoiceParam, ToolUnionParam
+from anthropic.types import MessageParam, ToolUnionParam
 
 from agentvm.domain.models import Usage
 from agentvm.drivers.anthropic_common import (
@@ -95,10 +95,9 @@ class AnthropicDriver:
             messages=cast("list[MessageParam]", request.messages),
             system=request.system if request.system is not None else omit,
             tools=cast("list[ToolUnionParam]", request.tools) if request.tools else omit,
-            tool_choice=cast("ToolChoiceParam", request.tool_choice) if request.tool_choice is not None else omit,
-            stop_sequences=request.stop_sequences or omit,
-            # This SDK's signature has no `temperature`; the API still takes it in the body.
-            extra_body={"temperature": request.temperature} if request.temperature is not None else None,
+            # This SDK's signature has no `temperature`; the API still takes it in the body, as it
+            # takes the token API's fields (a list `system` replaces the text one).
+            extra_body=_extra_body(request) or None,
             stream=True,
         )
         usage = Usage()
@@ -168,6 +167,21 @@ class AnthropicDriver:
         if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
             return malformed_response()
         return unexpected_error(exc, self._api_key)
+
+
+def _extra_body(request: LLMRequest) -> dict[str, object]:
+    extra: dict[str, object] = {}
+    if request.temperature is not None:
+        extra["temperature"] = request.temperature
+    if request.top_p is not None:
+        extra["top_p"] = request.top_p
+    if request.system_blocks is not None:
+        extra["system"] = request.system_blocks
+    if request.tool_choice is not None:
+        extra["tool_choice"] = request.tool_choice
+    if request.stop_sequences:
+        extra["stop_sequences"] = request.stop_sequences
+    return extra
 
 
 def _plain(value: object) -> dict[str, object]:

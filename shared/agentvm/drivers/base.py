@@ -23,10 +23,12 @@ class LLMRequest:
     system: str | None = None
     tools: list[JSON] = field(default_factory=list)
     temperature: float | None = None
-    # Anthropic's shapes: {"type": "auto" | "any" | "none"} or {"type": "tool", "name": ...}, and the
-    # stop sequences; None / empty: the provider's default (agent turns set neither).
-    tool_choice: JSON | None = None
-    stop_sequences: list[str] = field(default_factory=list)
+    # the token API's callers' fields (services/token_gateway.py), in Anthropic's shapes; agent turns leave
+    # them unset (None: the provider's default)
+    system_blocks: list[JSON] | None = None  # the system prompt as content blocks (cache_control kept); over `system`
+    stop_sequences: list[str] | None = None
+    tool_choice: JSON | None = None  # {"type": "auto" | "any" | "tool" | "none", "name"?}
+    top_p: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,11 +63,22 @@ def converse_params(request: LLMRequest) -> JSON:
     """The keyword arguments of `converse_stream`; unset optional fields are left out."""
     messages = [_message(m, f"messages[{i}]") for i, m in enumerate(request.messages)]
     params: JSON = {"modelId": request.model, "messages": messages}
-    if request.system:
+    if request.system_blocks is not None:  # the token API's: each text block, a cache mark after a marked one
+        system: list[JSON] = []
+        for block in request.system_blocks:
+            if isinstance(block, Mapping) and block.get("type") == "text":
+                system.append({"text": str(block.get("text", ""))})
+                if block.get("cache_control"):
+                    system.append(dict(_CACHE_POINT))
+        if system:
+            params["system"] = system
+    elif request.system:
         params["system"] = [{"text": request.system}]
     inference: JSON = {"maxTokens": request.max_tokens}
     if request.temperature is not None:
         inference["temperature"] = request.temperature
+    if request.top_p is not None:
+        inference["topP"] = request.top_p
     if request.stop_sequences:
         inference["stopSequences"] = list(request.stop_sequences)
     params["inferenceConfig"] = inference

@@ -66,11 +66,21 @@ def invalid_request(message: str, field_path: str) -> UpstreamError:
 
 # --- request ---------------------------------------------------------------------------------
 
+def system_text(request: LLMRequest) -> str | None:
+    """The system prompt as text: the token API's system blocks (their text joined; a cache mark has no
+    Chat Completions equivalent) win over `system`."""
+    if request.system_blocks is not None:
+        return "\n\n".join(str(b.get("text", "")) for b in request.system_blocks
+                             if isinstance(b, Mapping) and b.get("type") == "text") or None
+    return request.system
+
+
 def chat_body(request: LLMRequest, *, max_tokens_field: str = "max_tokens", include_usage: bool = True) -> JSON:
     """The Chat Completions body of a streamed call; unset optional fields are left out."""
     messages: list[JSON] = []
-    if request.system:
-        messages.append({"role": "system", "content": request.system})
+    system = system_text(request)
+    if system:
+        messages.append({"role": "system", "content": system})
     for i, message in enumerate(request.messages):
         messages.extend(_chat_messages(message, f"messages[{i}]"))
     body: JSON = {"model": request.model, "messages": messages, max_tokens_field: request.max_tokens,
@@ -86,6 +96,8 @@ def chat_body(request: LLMRequest, *, max_tokens_field: str = "max_tokens", incl
             body["parallel_tool_calls"] = False
     if request.temperature is not None:
         body["temperature"] = request.temperature
+    if request.top_p is not None:
+        body["top_p"] = request.top_p
     if request.stop_sequences:
         body["stop"] = list(request.stop_sequences)
     return body

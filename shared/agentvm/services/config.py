@@ -31,6 +31,7 @@ from agentvm.ports import ConfigStore, Env
 
 if TYPE_CHECKING:  # the engine is not loaded by the functions that only read or change the configuration
     from agentvm.engine.runner import EngineOptions
+    from agentvm.services.model_catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,12 @@ def _prices(v: Any) -> dict[str, dict[str, str]]:
     return out
 
 
+def _providers(v: Any) -> dict[str, Any]:
+    from agentvm.services.model_catalog import check_providers  # the token API's: off the http_api cold path
+
+    return check_providers(v)
+
+
 def price_table(value: Mapping[str, Mapping[str, str]]) -> dict[str, ModelPrice]:
     """The shipped list prices with the configured rows over them (by model prefix)."""
     table = dict(DEFAULT_PRICES)
@@ -153,6 +160,11 @@ def registry(defaults: Mapping[str, Any]) -> dict[str, ConfigKey]:
                   "Anthropic API key.", secret=True, applies="restart"),
         ConfigKey("llm.baseUrl", _url, None, ("AVM_LLM_BASE_URL",), "Override of the Anthropic API base URL.",
                   applies="restart"),
+        ConfigKey("llm.providers", _providers, {}, ("AVM_LLM_PROVIDERS",),
+                  "The token API's further providers (docs/token-api.md): {name: {type: openai | anthropic | "
+                  "bedrock, baseUrl, apiKeyEnv (the variable holding its key), models: {model: {input, output, "
+                  "cacheRead, cacheWrite (USD per million tokens), contextWindow, maxOutput}}}}; their models are "
+                  "named name/model."),
         ConfigKey("system.maxToolIterations", _int_in(1, 1000), defaults["system.maxToolIterations"],
                   ("AVM_MAX_TOOL_ITERATIONS",), "LLM calls allowed in one turn."),
         ConfigKey("system.streamFlushMs", _int_in(0, 5000), defaults["system.streamFlushMs"],
@@ -178,7 +190,7 @@ def _merged(layers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 
 # keys whose value is itself a mapping (the file gives it nested, not flattened)
-MAPPING_KEYS = frozenset({"billing.prices"})
+MAPPING_KEYS = frozenset({"billing.prices", "llm.providers"})
 
 
 def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -318,6 +330,15 @@ class ConfigService:
             max_tokens=v["llm.maxTokens"], max_iterations=v["system.maxToolIterations"],
             flush_ms=v["system.streamFlushMs"], max_flush_ms=v["system.streamMaxFlushMs"],
             markup=Decimal(v["defaults.markup"]), prices=price_table(v["billing.prices"]))
+
+    async def catalog(self, *, anthropic: bool, anthropic_base_url: str | None = None) -> tuple[ModelCatalog, Decimal]:
+        """The token API's model catalog as configured now, and the markup (services/model_catalog.py)."""
+        from agentvm.services.model_catalog import build_catalog
+
+        v = _merged(await self.layers())
+        catalog = build_catalog(price_table(v["billing.prices"]), v.get("llm.providers") or {}, anthropic=anthropic,
+                                anthropic_base_url=anthropic_base_url)
+        return catalog, Decimal(v["defaults.markup"])
 
     async def changes(self, limit: int = 100) -> list[ConfigChange]:
         return await self.store.changes(limit)

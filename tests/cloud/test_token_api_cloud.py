@@ -1,0 +1,78 @@
+"""The token API on the cloud's streaming application (`agentvm.cloud.stream_app`, the Function URL)
+against DynamoDB on moto, served by uvicorn as the Lambda Web Adapter would: the official `openai` SDK
+lists the catalog and streams a reply of the scripted model (no key configured), the call is metered
+into the tenant's DynamoDB ledger, and keys are checked in the vendor's error shape."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
+from agentvm.auth.api_keys import new_key
+from agentvm.cloud import runtime as cloud_runtime
+from agentvm.cloud.stream_app import create_stream_app
+from agentvm.ids import now_ms
+from tests.support.servers import free_port
+
+
+@pytest.fixture
+async def stream(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+                 ) -> AsyncIterator[tuple[str, dict[str, str]]]:
+    monkeypatch.setenv("AVM_TABLE_NAME", f"agentvm-{uuid.uuid4().hex[:16]}")
+    monkeypatch.setenv("AVM_AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AVM_WS_ENDPOINT", moto_endpoint)
+    cloud_runtime.reset()
+    rt = cloud_runtime.runtime()
+    await rt.ready()
+    await rt.store.create_table()
+    tokens = {}
+    for tenant in ("alice", "bob"):
+        record, token = new_key(tenant)
+        await DynamoDBKeys(rt.store).put_key(record)
+        tokens[tenant] = token
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_stream_app(), host="127.0.0.1", port=port, lifespan="off",
+                                           log_config=None, access_log=False))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.get_running_loop().create_task(server.serve())
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", tokens
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+        await rt.store.close()
+        cloud_runtime.reset()
+
+
+async def test_the_openai_sdk_streams_from_the_cloud_and_the_call_is_metered(
+        stream: tuple[str, dict[str, str]]) -> None:
+    base, tokens = stream
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=tokens["alice"], max_retries=0)
+    assert [m.id async for m in client.models.list()] == ["scripted/echo"]
+    chunks = [c async for c in await client.chat.completions.create(
+        model="scripted/echo", stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "hello cloud"}])]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "You said: hello cloud"
+    assert chunks[-1].usage is not None and chunks[-1].usage.model_extra == {"cost": "0.00000000"}
+    ledger = cloud_runtime.runtime().meter.ledger
+    alice = await ledger.list_usage("alice", since_ms=0, until_ms=now_ms() + 1000)
+    assert [(r.provider, r.model, r.tier, r.status, r.key_id) for r in alice] == [
+        ("scripted", "scripted", "api", "completed", tokens["alice"].split(".")[0])]
+    assert await ledger.list_usage("bob", since_ms=0, until_ms=now_ms() + 1000) == []
+    with pytest.raises(openai.AuthenticationError):
+        await openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="avmk_000000000000.nope", max_retries=0
+                                 ).models.list()
+    async with httpx.AsyncClient(base_url=base) as http:
+        refused = await http.post("/v1/messages", json={"model": "scripted/echo", "max_tokens": 5, "messages": []})
+    assert (refused.status_code, refused.json()["error"]["type"]) == (401, "authentication_error")
