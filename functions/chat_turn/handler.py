@@ -3,13 +3,17 @@ coalesced events to every subscribed connection. Payload: {"tenantId": …, "ses
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 import logging
 from typing import Any
 
 # loaded at init (and in the SnapStart snapshot), not by the first invocation
 import agentvm.adapters.aws.cloud_fanout
 import agentvm.hosting.session_worker  # noqa: F401
-from agentvm.cloud import snapstart
+from agentvm.cloud import init_phase, snapstart
 from agentvm.cloud.observability import Count, observe, record_turns
 from agentvm.cloud.runtime import run, runtime
 
@@ -37,3 +41,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         return {"ran": 0, "error": "invalid_payload"}
     request_id = getattr(context, "aws_request_id", None)
     return {"ran": run(_run_turns(tenant_id, session_id, request_id if isinstance(request_id, str) else None))}
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)
