@@ -5,13 +5,17 @@ and passes on (`LeaseHandoff`; a malformed one is ignored: the lease is then tak
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 import logging
 from typing import Any
 
 # loaded at init (and in the SnapStart snapshot), not by the first invocation
 import agentvm.adapters.aws.cloud_fanout
 import agentvm.hosting.session_worker  # noqa: F401
-from agentvm.cloud import snapstart
+from agentvm.cloud import init_phase, snapstart
 from agentvm.cloud.observability import Count, observe, record_turns
 from agentvm.cloud.runtime import run, runtime
 from agentvm.domain.models import LeaseHandoff
@@ -45,3 +49,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         log.error("chat_turn: the handoff is malformed and ignored", extra={"session_id": session_id})
     return {"ran": run(_run_turns(tenant_id, session_id, request_id if isinstance(request_id, str) else None,
                                   handoff))}
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)

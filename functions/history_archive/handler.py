@@ -6,8 +6,13 @@ writes the same keys."""
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 from typing import Any
 
+from agentvm.cloud import init_phase
 from agentvm.cloud.observability import Count, observe
 from agentvm.cloud.runtime import run, runtime
 from agentvm.errors import InvalidRequest
@@ -31,3 +36,6 @@ async def _archive(records: list[dict[str, Any]]) -> dict[str, Any]:
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     records = event.get("Records") if isinstance(event, dict) else None
     return run(_archive(records if isinstance(records, list) else []))
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 import logging
 from typing import Any
 
@@ -11,6 +15,7 @@ from mangum import Mangum
 from agentvm.api.http_app import HttpApi, create_app
 from agentvm.api.http_callers import HttpCallers
 from agentvm.auth.api_keys import Authenticator
+from agentvm.cloud import init_phase
 from agentvm.cloud.observability import Count, observe, status_class
 from agentvm.cloud.runtime import loop, runtime
 from agentvm.errors import NotConfigured
@@ -67,3 +72,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if isinstance(status, int) and status >= 500:
         obs.metric("ServerErrors", Count, 1)
     return response
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)

@@ -5,10 +5,15 @@ back) and the turns behind it go to a new runner; see hosting/turn_failure.py.""
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 import dataclasses
 import logging
 from typing import Any
 
+from agentvm.cloud import init_phase
 from agentvm.cloud.observability import observe
 from agentvm.cloud.runtime import run, runtime
 from agentvm.errors import InvalidRequest
@@ -33,3 +38,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         log.error("turn_failed: not a chat_turn invocation record", extra={"field": exc.field, "error": exc.message})
         return {"outcome": "invalid_record", "error": exc.message}
     return run(_handle(failure))
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)

@@ -4,9 +4,14 @@ hosting/turn_sweep.py. Idle it reads the unfinished-turns index and nothing else
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 import dataclasses
 from typing import Any
 
+from agentvm.cloud import init_phase
 from agentvm.cloud.observability import Count, observe
 from agentvm.cloud.runtime import run, runtime
 from agentvm.hosting.turn_sweep import sweep
@@ -27,3 +32,6 @@ async def _sweep() -> dict[str, int]:
 @obs.handler
 def handler(event: dict[str, Any], context: Any) -> dict[str, int]:
     return run(_sweep())
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)

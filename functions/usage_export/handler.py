@@ -12,9 +12,14 @@ and the monthly file is rebuilt from the daily files by server-side copies
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 import time
 from typing import Any
 
+from agentvm.cloud import init_phase
 from agentvm.cloud.observability import Count, observe
 from agentvm.cloud.runtime import run, runtime
 from agentvm.errors import InvalidRequest
@@ -55,3 +60,6 @@ async def _export(day: str, context: Any) -> dict[str, Any]:
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     day = event.get("day") if isinstance(event, dict) else None
     return run(_export(day if isinstance(day, str) else _yesterday(), context))
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)

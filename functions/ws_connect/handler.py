@@ -8,9 +8,13 @@ present but bad is refused here (401). `?frames=batch` asks for batched frames (
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 from typing import Any
 
-from agentvm.cloud import ws_routes
+from agentvm.cloud import init_phase, ws_routes
 from agentvm.cloud.observability import observe
 from agentvm.cloud.runtime import run, runtime
 
@@ -27,3 +31,6 @@ async def _connect(event: dict[str, Any]) -> dict[str, Any]:
 @obs.handler
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return run(_connect(event))
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)

@@ -8,6 +8,10 @@ AVM_AUTH_TIMEOUT_S of its connect, as on `avm serve`: the handshake is api/ws_au
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 import base64
 from typing import Any
 
@@ -15,7 +19,7 @@ from typing import Any
 import agentvm.adapters.aws.cloud_fanout
 import agentvm.api.ws_auth
 import agentvm.api.ws_router  # noqa: F401
-from agentvm.cloud import ws_routes
+from agentvm.cloud import init_phase, ws_routes
 from agentvm.cloud.observability import observe
 from agentvm.cloud.runtime import run, runtime
 
@@ -34,3 +38,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, int]:
         body = base64.b64decode(body)
     run(_frame(event["requestContext"]["connectionId"], body))
     return {"statusCode": 200}
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)

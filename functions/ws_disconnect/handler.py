@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # the init phase: no collection until init_phase.done(), the last line
+
 from typing import Any
 
-from agentvm.cloud import ws_routes
+from agentvm.cloud import init_phase, ws_routes
 from agentvm.cloud.observability import observe
 from agentvm.cloud.runtime import run, runtime
 
@@ -20,3 +24,6 @@ async def _disconnect(connection_id: str) -> None:
 def handler(event: dict[str, Any], context: Any) -> dict[str, int]:
     run(_disconnect(event["requestContext"]["connectionId"]))
     return {"statusCode": 200}
+
+
+init_phase.done()  # the collector back on, what init built frozen (agentvm/cloud/init_phase.py)

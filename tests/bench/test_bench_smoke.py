@@ -1,9 +1,12 @@
 """`make bench` in its small version, so that the benchmarks cannot rot.
 
 One `python -m tests.bench.run --quick` run serves every test here: the load figures and the handler
-cold-import table that `make bench` prints after them. Figures are only checked to be produced and
-sane, never how fast anything is: performance claims live in `make bench` and docs/benchmarks.md
-(the 2.5 × boto3 cold-import budget included), not in timed unit tests. What a handler loads is
+cold-import table that `make bench` prints after them. The load figures are only checked to be
+produced and sane, never how fast anything is: those claims live in `make bench` and
+docs/benchmarks.md. The cold imports are the exception: each function's import must stay within
+2.5 × a bare `import boto3` (issue 18, finding 9), judged as the bench judges it, on the median CPU
+time of runs alternating with boto3's in the same fresh-interpreter set-up, which load moves by a few
+per cent at most; the two FastAPI apps, which cannot meet it, within a ceiling of their own. What a handler loads is
 deterministic, so that is asserted for every handler: none loads the anthropic SDK, aioboto3 or
 aiohttp; only `http_api` and `chat_stream` (the two web apps) load FastAPI, and only `chat_stream` (its
 server) uvicorn. The bench covers every function of template.yaml.
@@ -19,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench.cold_imports import EXPECTED, discover
+from tests.bench.cold_imports import EXPECTED, LIMIT_RATIO, discover
 from tests.support.exclusive import exclusive
 from tests.support.servers import REPO
 from tests.template.template_model import _resources
@@ -33,6 +36,10 @@ FIGURES = {
 WITHOUT_BASELINE = {"rss_bytes_per_container"}
 NEVER = {"anthropic", "aioboto3", "aiobotocore", "aiohttp"}
 WEB_APPS = {"http_api", "chat_stream"}
+# Over the budget while their FastAPI app is built at init (botocore, pydantic and FastAPI alone take
+# ~2.4 ×; docs/benchmarks.md, "Handler cold imports"): the CPU ratio they must stay under instead,
+# measured (2026-11-26: 2.90 and 3.48) plus ~10 % for load. The day one meets 2.5 ×, its test says so.
+FASTAPI_CEILING = {"http_api": 3.2, "chat_stream": 3.8}
 
 QuickRun = tuple[subprocess.CompletedProcess[str], dict[str, Any]]
 
@@ -111,6 +118,20 @@ def test_handler_loads_nothing_heavy(quick_run: QuickRun, name: str) -> None:
     assert ("fastapi" in loaded) == (name in WEB_APPS), loaded
     assert ("uvicorn" in loaded) == (name == "chat_stream"), loaded
     assert row["loads_anthropic"] is False
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_handler_cold_import_is_within_budget(quick_run: QuickRun, name: str) -> None:
+    row = cold_rows(quick_run[1])[name]
+    assert row["status"] == "ok", row
+    ratio = row["cpu_ratio"]
+    assert positive(ratio) and len(row["cpu_samples_ms"]) == 3, row
+    if name in FASTAPI_CEILING:
+        assert ratio <= FASTAPI_CEILING[name], f"{name}: {ratio:.2f} × boto3 (CPU time) > {FASTAPI_CEILING[name]}"
+        assert ratio > LIMIT_RATIO, f"{name} meets {LIMIT_RATIO} × now ({ratio:.2f}): drop it from FASTAPI_CEILING"
+    else:
+        assert ratio <= LIMIT_RATIO, f"{name}: {ratio:.2f} × boto3 (CPU time) > {LIMIT_RATIO}"
+        assert row["within_limit"] is True, row
 
 
 def test_the_cold_import_bench_covers_every_function_of_the_template() -> None:

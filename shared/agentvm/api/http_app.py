@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# before FastAPI's first import: its OpenAPI document models are built on first use (a cold-start saving)
+import agentvm.api.fastapi_first  # noqa: F401
+
+# isort: split
 from fastapi import APIRouter, FastAPI, Request
 from starlette.routing import BaseRoute
 

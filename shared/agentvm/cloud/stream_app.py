@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Self
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentvm.cloud import init_phase
 from agentvm.domain.models import LeaseHandoff, Principal
 from agentvm.errors import NotConfigured
 from agentvm.observability import tracing
@@ -282,7 +283,13 @@ class RequestScopes:
 
 
 def create_stream_app(runtime: Any = None) -> FastAPI:
-    """The application of `chat_stream`; `runtime`: the environment's CloudRuntime factory."""
+    """The application of `chat_stream`; `runtime`: the environment's CloudRuntime factory. Its
+    imports and build are the process's init phase: the collector paused (agentvm/cloud/init_phase.py)."""
+    with init_phase.paused():
+        return _create_stream_app(runtime)
+
+
+def _create_stream_app(runtime: Any) -> FastAPI:
     from agentvm.api.http_app import HttpApi, create_app
     from agentvm.api.http_callers import HttpCallers
     from agentvm.cloud import runtime as cloud_runtime
