@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agentvm.turnhost.host import HostOptions
 from tests.template.conditions import stack
 from tests.template.template_model import (
     CONFIG_PARAMETER_ARN,
@@ -179,6 +180,10 @@ def test_the_turn_host_service_runs_no_task_until_scaled() -> None:
     assert container["Image"] == {"Ref": "WorkerImageUri"}
     assert container["EntryPoint"] == ["python", "-m", "agentvm.turnhost"]
     assert container["StopTimeout"] == 120
+    # SIGTERM (scale-in, a Fargate Spot interruption's two-minute warning): the drain, then the interrupted
+    # turns' grace (HostOptions.abort_grace_s), both before ECS's SIGKILL
+    drain_s = next(float(e["Value"]) for e in container["Environment"] if e.get("Name") == "AVM_TURN_HOST_DRAIN_S")
+    assert drain_s + HostOptions().abort_grace_s <= container["StopTimeout"] == 120
     log = container["LogConfiguration"]
     assert log["LogDriver"] == "awslogs" and log["Options"]["awslogs-group"] == {"Ref": "TurnHostLogGroup"}
     assert _resource("TurnHostLogGroup")["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
