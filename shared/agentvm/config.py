@@ -158,7 +158,9 @@ class Settings(BaseSettings):
         "host running many turns at once needs more (the template sets 64)."))
     turn_host_poll_s: int = Field(20, ge=0, le=20, description="Long-polling wait of a turn host's queue receive.")
     turn_host_drain_s: float = Field(100.0, ge=0, le=3600, description=(
-        "On SIGTERM a turn host lets its running turns finish for up to this long (ECS stopTimeout: 120 s)."))
+        "On SIGTERM (scale-in, a Fargate Spot interruption) a turn host lets its running turns finish for up to "
+        "this long, then interrupts them and gives them 10 s to release their leases: 100 + 10 s stays within "
+        "ECS's stopTimeout (120 s, the Spot warning)."))
     turn_host_ws_port: int = Field(0, ge=0, le=65_535, description=(
         "Port of a turn host's own WebSocket front (behind a load balancer); 0: no front."))
     turn_host_peer_port: int = Field(8081, ge=1, le=65_535, description=(

@@ -271,6 +271,9 @@ class Assumptions:
     # turn-host tier
     host_tier: bool = True  # template TurnHostTier default (with WorkerImageUri set)
     host_capacity: Decimal = D(200)  # AVM_TURN_HOST_CAPACITY
+    # template TurnHostCapacityProvider: "spot" (FargateSpot, the default) or "on_demand" (Fargate); with
+    # the load balancer front its always-running task is on-demand either way (base 1)
+    capacity_provider: str = "spot"
     scale_out_concurrency: Decimal = D(3)  # template TurnHostScaleOutConcurrency
     scale_out_lag_min: Decimal = D(3)  # 2 of 3 one-minute periods + task start: turns stay on Lambda meanwhile
     scale_in_turns: Decimal = D(1)  # template TurnHostScaleInTurns: hosts' running turns average under it
@@ -356,6 +359,12 @@ ASSUMPTION_WHY = {
     "secrets": "the LLM key in Secrets Manager",
     "host_tier": "template TurnHostTier default Enabled (with WorkerImageUri set)",
     "host_capacity": "AVM_TURN_HOST_CAPACITY: turns one host runs at once, whatever its CPU",
+    "capacity_provider": "template TurnHostCapacityProvider (default FargateSpot): the hosts' vCPU and memory at the "
+                         "Fargate Spot price (tests/bench/cost_prices.py, a stated discount), their IPv4 address "
+                         "and heartbeats as on-demand; the load balancer front's always-running task on-demand "
+                         "(base 1). Turns of an interrupted host finish in its 2-minute warning or are "
+                         "interrupted and run again by the user: not priced (a replacement task starts on the "
+                         "next scale-out alarm; meanwhile turns run on chat_turn, like the scale-out lag)",
     "scale_out_concurrency": "template TurnHostScaleOutConcurrency: chat_turn concurrency that starts a host",
     "scale_in_turns": "template TurnHostScaleInTurns: a host goes when the hosts' running turns average under 1 "
                       "for 15 minutes",

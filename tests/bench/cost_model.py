@@ -3,7 +3,7 @@ with the turn tiers (per-turn Lambda `chat_turn`, the ECS Fargate turn host) and
 
     .venv/bin/python -m tests.bench.cost_model --counts docs/aws-calls.json [--json -|FILE]
         [--chat-turn-memory MB] [--batched-share 0..1] [--snapstart-versions N] [--pitr on|off]
-        [--llm-seconds S] [--scale-out-concurrency N] [--host-tier on|off]
+        [--llm-seconds S] [--scale-out-concurrency N] [--host-tier on|off] [--capacity-provider spot|on_demand]
 
 The per-turn counts come from the AWS-calls bench (tests/bench/cost_inputs.py says which keys); every
 duration, size and ratio that is not counted is a stated assumption (`Assumptions`, printed in the
@@ -43,6 +43,7 @@ from tests.bench.cost_prices import US_EAST_1, Price, Prices
 
 D = Decimal
 FRONTS = ("api_gateway", "load_balancer")
+ZERO = D(0)
 
 
 @dataclass(frozen=True)
@@ -143,12 +144,24 @@ class Model:
     def task_capacity(self) -> Decimal:
         return min(self.counts.host.concurrent_turns_at_70pct, self.a.host_capacity)
 
-    def task_hour_lines(self, hours: Decimal) -> list[Line]:
+    @property
+    def on_spot(self) -> bool:
+        return self.a.capacity_provider == "spot"
+
+    def task_hour_lines(self, hours: Decimal, on_demand_hours: Decimal = ZERO) -> list[Line]:
+        """`hours` task-hours, `on_demand_hours` of them on on-demand FARGATE whatever the capacity provider
+        (the load balancer front's base task); the others on the template's capacity provider."""
         h, p, a = self.counts.host, self.p, self.a
+        on_demand = min(hours, on_demand_hours) if self.on_spot else hours
+        spot = hours - on_demand
+        gb = h.memory_mb / MB_PER_GB
         return [line for line in (
-            Line("Fargate", f"turn host vCPU ({h.vcpu} vCPU, arm64)", hours * h.vcpu, p.fargate_arm_vcpu_hour, "host"),
-            Line("Fargate", f"turn host memory ({h.memory_mb / MB_PER_GB} GB)", hours * h.memory_mb / MB_PER_GB,
-                 p.fargate_arm_gb_hour, "host"),
+            Line("Fargate", f"turn host vCPU ({h.vcpu} vCPU, arm64)", on_demand * h.vcpu, p.fargate_arm_vcpu_hour,
+                 "host"),
+            Line("Fargate", f"turn host memory ({gb} GB)", on_demand * gb, p.fargate_arm_gb_hour, "host"),
+            Line("Fargate", f"turn host vCPU ({h.vcpu} vCPU, arm64, Fargate Spot)", spot * h.vcpu,
+                 p.fargate_spot_arm_vcpu_hour, "host"),
+            Line("Fargate", f"turn host memory ({gb} GB, Fargate Spot)", spot * gb, p.fargate_spot_arm_gb_hour, "host"),
             Line("VPC", "public IPv4 (one per task)", hours, p.public_ipv4_hour, "host"),
             Line("DynamoDB", "write request units (host heartbeats)", hours * 3600 / a.heartbeat_s, p.ddb_write_unit,
                  "host"),
@@ -156,9 +169,11 @@ class Model:
                  p.sqs_request, "host"),
         ) if line.quantity]
 
-    def task_hour_usd(self) -> Decimal:
-        """What one running task costs an hour, its idle polls left out (a busy host receives turns)."""
-        return sum((line.cost for line in self.task_hour_lines(D(1)) if "idle" not in line.item), D(0))
+    def task_hour_usd(self, *, on_demand: bool = False) -> Decimal:
+        """What one running task costs an hour on the template's capacity provider (`on_demand`: on FARGATE
+        whatever it is), its idle polls left out (a busy host receives turns)."""
+        lines = self.task_hour_lines(D(1), D(1) if on_demand else D(0))
+        return sum((line.cost for line in lines if "idle" not in line.item), D(0))
 
     def plan(self, s: Scenario) -> dict[str, Any]:
         """Which tier runs each hour of the day curve, tasks per hour, turns per tier (the scheduler's rule:
@@ -202,7 +217,8 @@ class Model:
             lines += self.turn_lines(c.lambda_tier, plan["lambda_turns"])
         if plan["host_turns"]:
             lines += self.turn_lines(self.host_counts, plan["host_turns"])
-        lines += self.task_hour_lines(plan["task_hours"])
+        base = HOURS_PER_MONTH * self.a.lb_min_tasks if self.load_balancer else D(0)  # on-demand (base 1)
+        lines += self.task_hour_lines(plan["task_hours"], base)
         lines += self._connection_lines(s)
         if self.load_balancer:
             lines += self._load_balancer_lines(s)
@@ -401,7 +417,7 @@ class Model:
         lb, gw = self.with_front("load_balancer"), self.with_front("api_gateway")
         p, a = self.p, self.a
         fixed = (p.alb_hour.cost(HOURS_PER_MONTH) + p.public_ipv4_hour.cost(HOURS_PER_MONTH * a.alb_public_ipv4)
-                 + lb.task_hour_usd() * HOURS_PER_MONTH * a.lb_min_tasks)
+                 + lb.task_hour_usd(on_demand=True) * HOURS_PER_MONTH * a.lb_min_tasks)
         saved = gw.per_turn(gw.host_counts) - lb.per_turn(lb.host_counts)
         turns = fixed / saved if saved > 0 else None
         return {"fixed_month_usd": str(fixed.quantize(D("0.01"))), "saved_per_turn_usd": str(saved),
@@ -412,6 +428,18 @@ class Model:
     def levers(self) -> dict[str, dict[str, str]]:
         """The month totals with one assumption changed (the design levers and the unknowns)."""
         a, c = self.a, self.counts
+        spot_half = replace(self.p, **{
+            name: replace(getattr(self.p, name), amount=getattr(self.p, od).amount / 2,
+                          as_of="lever: Fargate Spot at 50 % off on-demand (the low end seen)")
+            for name, od in (("fargate_spot_arm_vcpu_hour", "fargate_arm_vcpu_hour"),
+                             ("fargate_spot_arm_gb_hour", "fargate_arm_gb_hour"))})
+        priced = {
+            "turn hosts on Fargate Spot (TurnHostCapacityProvider=FargateSpot)":
+                (c, replace(a, capacity_provider="spot"), self.p),
+            "turn hosts on on-demand Fargate (TurnHostCapacityProvider=Fargate)":
+                (c, replace(a, capacity_provider="on_demand"), self.p),
+            "Fargate Spot at 50 % off on-demand, not 67 %": (c, a, spot_half),
+        }
         variants = {
             "every client on batched frames (batched_share 1)": (c, replace(a, batched_share=D(1))),
             "chat_turn at 512 MB": (replace(c, chat_turn_memory_mb=512), a),
@@ -425,8 +453,9 @@ class Model:
             "WebSocketFront=LoadBalancer for every month": (c, replace(a, front="load_balancer")),
             "DetailedAlarms on (21 alarms, not 8)": (c, replace(a, detailed_alarms=True)),
         }
-        return {name: {k: str(v.quantize(D("0.01"))) for k, v in Model(vc, va, self.p).totals().items()}
-                for name, (vc, va) in variants.items()}
+        every = {**{name: (vc, va, self.p) for name, (vc, va) in variants.items()}, **priced}
+        return {name: {k: str(v.quantize(D("0.01"))) for k, v in Model(vc, va, vp).totals().items()}
+                for name, (vc, va, vp) in every.items()}
 
     def result(self) -> dict[str, Any]:
         scenarios: dict[str, Any] = {}
@@ -552,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-out-concurrency", type=D, default=Assumptions.scale_out_concurrency,
                         help="TurnHostScaleOutConcurrency")
     parser.add_argument("--host-tier", type=_on_off, default=True, help="the turn-host tier deployed on|off")
+    parser.add_argument("--capacity-provider", choices=("spot", "on_demand"), default=Assumptions.capacity_provider,
+                        help="TurnHostCapacityProvider: FargateSpot (spot, default) or Fargate (on_demand)")
     parser.add_argument("--front", choices=("cheapest", *FRONTS), default="cheapest",
                         help="the WebSocket front each month is priced on (default: the cheaper one per month)")
     parser.add_argument("--usage-months", type=D, default=D(12), help="months of usage records in the table")
@@ -563,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = replace(counts, chat_turn_memory_mb=args.chat_turn_memory)
     a = Assumptions(batched_share=args.batched_share, snapstart_versions=args.snapstart_versions, pitr=args.pitr,
                     llm_seconds=args.llm_seconds, scale_out_concurrency=args.scale_out_concurrency,
-                    host_tier=args.host_tier, usage_months_kept=args.usage_months, front=args.front)
+                    host_tier=args.host_tier, usage_months_kept=args.usage_months, front=args.front,
+                    capacity_provider=args.capacity_provider)
     r = Model(counts, a).result()
     if args.json == "-":
         print(json.dumps(r, indent=2))

@@ -53,6 +53,13 @@ _ECR = "https://aws.amazon.com/ecr/pricing/"
 _VPC = "https://aws.amazon.com/vpc/pricing/"
 _ELB = "https://aws.amazon.com/elasticloadbalancing/pricing/"
 _UNVERIFIED = "as listed by AWS in 2025; not re-verified offline"
+# Fargate Spot has no fixed price: AWS lists a current Spot price per region that moves with supply and
+# demand ("up to 70 %" off on-demand; 50-70 % seen). Assumed: 67 % off the Linux/ARM on-demand prices,
+# the discount seen on eu-west-1 Spot since 2020 (tomgregory.com: $0.01334053 against $0.04048 a
+# vCPU-hour) and about what AWS listed in 2025 (elasticscale.com, January 2025: 69 %).
+FARGATE_SPOT_DISCOUNT = D("0.67")
+_SPOT_AS_OF = ("assumed 2026-11: on-demand × (1 − 0.67); Spot prices vary by region and over time "
+               "(fortem.dev 2026-06: 50-70 % off; elasticscale.com 2025-01: 69 %)")
 _LEGACY_FREE = "12 months, accounts opened before 2025-07-15"
 _ALWAYS = "always free"
 
@@ -84,6 +91,8 @@ class Prices:
     secret_api_call: Price
     fargate_arm_vcpu_hour: Price
     fargate_arm_gb_hour: Price
+    fargate_spot_arm_vcpu_hour: Price
+    fargate_spot_arm_gb_hour: Price
     public_ipv4_hour: Price
     alb_hour: Price
     alb_lcu_hour: Price
@@ -145,6 +154,10 @@ US_EAST_1 = Prices(
                                 "2026 (vantage.sh; cloudburn.io 2026-04); per second, 1 minute minimum"),
     fargate_arm_gb_hour=Price("Fargate Linux/ARM memory", D("0.00356"), D(1), "GB-hours", _FARGATE,
                               "2026 (vantage.sh; cloudburn.io 2026-04)"),
+    fargate_spot_arm_vcpu_hour=Price("Fargate Spot Linux/ARM vCPU", D("0.03238") * (1 - FARGATE_SPOT_DISCOUNT), D(1),
+                                     "vCPU-hours", _FARGATE, _SPOT_AS_OF),
+    fargate_spot_arm_gb_hour=Price("Fargate Spot Linux/ARM memory", D("0.00356") * (1 - FARGATE_SPOT_DISCOUNT), D(1),
+                                   "GB-hours", _FARGATE, _SPOT_AS_OF),
     public_ipv4_hour=Price("Public IPv4 address", D("0.005"), D(1), "address-hours", _VPC,
                            _UNVERIFIED + " (charged since 2024-02-01)"),
     alb_hour=Price("Application Load Balancer", D("0.0225"), D(1), "ALB-hours", _ELB, _UNVERIFIED),

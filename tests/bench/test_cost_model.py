@@ -104,13 +104,17 @@ def test_list_prices_give_exact_decimal_costs() -> None:
 
 def test_one_task_hour_and_the_crossover_formula() -> None:
     m = Model(counts(), HAND, US_EAST_1)
-    # 0.5 vCPU × $0.03238 + 1 GB × $0.00356 + IPv4 $0.005 + 360 heartbeats × $0.625 / M
-    assert m.task_hour_usd() == D("0.024975")
+    # on Fargate Spot (the template's default), 67 % off on-demand: 0.5 vCPU × $0.0106854 + 1 GB × $0.0011748
+    # + IPv4 $0.005 (not discounted) + 360 heartbeats × $0.625 / M
+    assert m.task_hour_usd() == D("0.0117425")
+    # on-demand: 0.5 vCPU × $0.03238 + 1 GB × $0.00356 + IPv4 $0.005 + 360 heartbeats × $0.625 / M
+    assert m.task_hour_usd(on_demand=True) == D("0.024975")
+    assert Model(counts(), replace(HAND, capacity_provider="on_demand"), US_EAST_1).task_hour_usd() == D("0.024975")
     saved = m.per_turn(m.counts.lambda_tier) - m.per_turn(m.counts.host_tier)
     x = m.crossover()
-    assert D(x["turns_per_month"]) == (D("0.024975") * 730 / saved).quantize(D(1))
-    assert D(x["concurrent_turns"]) == (D("0.024975") * D("10.5") / (3600 * saved)).quantize(D("0.01"))
-    assert x["threshold_ok"] is (D(2) >= D("0.024975") * D("10.5") / (3600 * saved))
+    assert D(x["turns_per_month"]) == (D("0.0117425") * 730 / saved).quantize(D(1))
+    assert D(x["concurrent_turns"]) == (D("0.0117425") * D("10.5") / (3600 * saved)).quantize(D("0.01"))
+    assert x["threshold_ok"] is (D(2) >= D("0.0117425") * D("10.5") / (3600 * saved))
     assert Model(counts(), replace(HAND, scale_out_concurrency=D(0)), US_EAST_1).crossover()["threshold_ok"] is False
     # hosts go below 1 running turn a host, under the scale-out threshold of 3: no cycling
     check = x["scale_in_check"]
@@ -326,7 +330,9 @@ def test_each_month_is_priced_on_its_cheaper_front_and_the_front_crossover() -> 
     assert totals["idle"][0] == "api_gateway"
     x = m.front_crossover()
     lb, gw = m.with_front("load_balancer"), m.with_front("api_gateway")
-    fixed = D("0.0225") * 730 + D("0.005") * 730 * 2 + lb.task_hour_usd() * 730
+    # the one host that always runs is on-demand FARGATE (base 1) even when the others are on Spot
+    assert lb.task_hour_usd(on_demand=True) == D("0.024975")
+    fixed = D("0.0225") * 730 + D("0.005") * 730 * 2 + D("0.024975") * 730
     saved = gw.per_turn(gw.host_counts) - lb.per_turn(lb.host_counts)
     # what API Gateway adds to a host turn: 4 messages (1 in + 3 stock), ws_default, 3 SQS requests
     ws_default = D("0.0000002") + D("0.5") * D("0.1") * D("0.0000133334")  # request + 0.5 GB × 0.1 s
@@ -335,3 +341,45 @@ def test_each_month_is_priced_on_its_cheaper_front_and_the_front_crossover() -> 
     assert x["turns_per_month"] == str((fixed / saved).quantize(D(1)))
     only_gw = Model(counts(), replace(HAND, host_tier=False), US_EAST_1)
     assert only_gw.fronts() == ("api_gateway",)  # no hosts: nothing for a load balancer to send to
+
+
+def test_hosts_are_priced_on_the_capacity_provider_and_the_front_s_base_task_on_demand() -> None:
+    half_day = (0,) * 12 + (1,) * 12
+    s = Scenario("t", D(1_200_000), D(60_000), D(30), "")
+
+    def fargate(a: Assumptions) -> dict[str, Decimal]:
+        lines, _plan = Model(counts(), a, flat_prices()).scenario_lines(s)
+        return {line.item: line.quantity for line in lines if line.service in ("Fargate", "VPC")}
+
+    hours = D("36.75") * DAYS_PER_MONTH  # 3 tasks 12 h a day + their 15-minute tails (the plan test)
+    spot = fargate(replace(HAND, day_curve=half_day))
+    assert spot == {"turn host vCPU (0.5 vCPU, arm64, Fargate Spot)": hours / 2,
+                    "turn host memory (1 GB, Fargate Spot)": hours, "public IPv4 (one per task)": hours}
+    on_demand = fargate(replace(HAND, day_curve=half_day, capacity_provider="on_demand"))
+    assert on_demand == {"turn host vCPU (0.5 vCPU, arm64)": hours / 2, "turn host memory (1 GB)": hours,
+                         "public IPv4 (one per task)": hours}
+    # behind the load balancer: 1 task in the quiet hours, 3 in the busy ones; the base task's 730 hours
+    # are on-demand, the rest on Spot
+    lb = fargate(replace(HAND, day_curve=half_day, front="load_balancer"))
+    lb_hours = (12 + 36 + D("0.5")) * DAYS_PER_MONTH  # + 2 tasks × 15 minutes when the busy hours end
+    assert lb["turn host memory (1 GB)"] == HOURS_PER_MONTH
+    assert lb["turn host memory (1 GB, Fargate Spot)"] == lb_hours - HOURS_PER_MONTH
+    assert lb["public IPv4 (one per task)"] == lb_hours
+    # the list prices: Spot is 67 % off on-demand (a stated assumption; Spot prices vary)
+    assert US_EAST_1.fargate_spot_arm_vcpu_hour.amount == D("0.0106854")
+    assert US_EAST_1.fargate_spot_arm_gb_hour.amount == D("0.0011748")
+
+
+def test_each_capacity_provider_has_a_lever_and_the_default_is_the_template_s(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--counts", str(FIXTURE), "--json", "-"])
+    r = json.loads(capsys.readouterr().out)
+    totals = {name: D(s["monthly_usd"]).quantize(D("0.01")) for name, s in r["scenarios"].items()}
+    levers = {name: {k: D(v) for k, v in row.items()} for name, row in r["levers"].items()}
+    assert levers["turn hosts on Fargate Spot (TurnHostCapacityProvider=FargateSpot)"] == totals
+    on_demand = levers["turn hosts on on-demand Fargate (TurnHostCapacityProvider=Fargate)"]
+    assert on_demand["1M"] > totals["1M"] and on_demand["idle"] == totals["idle"]  # idle: no task either way
+    assert totals["1M"] < levers["Fargate Spot at 50 % off on-demand, not 67 %"]["1M"] < on_demand["1M"]
+    main(["--counts", str(FIXTURE), "--json", "-", "--capacity-provider", "on_demand"])
+    flag = json.loads(capsys.readouterr().out)
+    assert {n: D(s["monthly_usd"]).quantize(D("0.01")) for n, s in flag["scenarios"].items()} == on_demand

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agentvm.turnhost.host import HostOptions
 from tests.template.conditions import stack
 from tests.template.template_model import (
     CONFIG_PARAMETER_ARN,
@@ -162,7 +163,8 @@ def test_the_turn_host_service_runs_no_task_until_scaled() -> None:
     created, _ = stack(WorkerImageUri="123456789012.dkr.ecr.us-east-1.amazonaws.com/w:1")
     service = created["TurnHostService"]["Properties"]
     assert service["DesiredCount"] == 0
-    assert service["LaunchType"] == "FARGATE" and service["Cluster"] == {"Ref": "WorkerCluster"}
+    assert "LaunchType" not in service and service["Cluster"] == {"Ref": "WorkerCluster"}
+    assert service["CapacityProviderStrategy"] == [{"CapacityProvider": "FARGATE_SPOT", "Weight": 1}]  # default
     network = service["NetworkConfiguration"]["AwsvpcConfiguration"]
     assert network == {"AssignPublicIp": "ENABLED", "Subnets": [{"Ref": "WorkerSubnetA"}, {"Ref": "WorkerSubnetB"}],
                        "SecurityGroups": [{"Fn::GetAtt": ["WorkerSecurityGroup", "GroupId"]}]}
@@ -178,6 +180,10 @@ def test_the_turn_host_service_runs_no_task_until_scaled() -> None:
     assert container["Image"] == {"Ref": "WorkerImageUri"}
     assert container["EntryPoint"] == ["python", "-m", "agentvm.turnhost"]
     assert container["StopTimeout"] == 120
+    # SIGTERM (scale-in, a Fargate Spot interruption's two-minute warning): the drain, then the interrupted
+    # turns' grace (HostOptions.abort_grace_s), both before ECS's SIGKILL
+    drain_s = next(float(e["Value"]) for e in container["Environment"] if e.get("Name") == "AVM_TURN_HOST_DRAIN_S")
+    assert drain_s + HostOptions().abort_grace_s <= container["StopTimeout"] == 120
     log = container["LogConfiguration"]
     assert log["LogDriver"] == "awslogs" and log["Options"]["awslogs-group"] == {"Ref": "TurnHostLogGroup"}
     assert _resource("TurnHostLogGroup")["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
@@ -201,6 +207,30 @@ def test_the_turn_host_service_runs_no_task_until_scaled() -> None:
                 "AVM_ECS_CLUSTER", "AVM_ECS_TASK_DEFINITION", "AVM_ECS_SUBNETS", "AVM_ECS_SECURITY_GROUPS",
                 "AVM_ECS_CONTAINER_NAME"):
         assert environment[key] in list(_branches(chat_turn[key])), key
+
+
+def test_the_turn_host_capacity_provider_spot_by_default_on_demand_for_the_front_s_one_task() -> None:
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/w:1"
+    parameter = _template()["Parameters"]["TurnHostCapacityProvider"]
+    assert (parameter["Default"], parameter["AllowedValues"]) == ("FargateSpot", ["FargateSpot", "Fargate"])
+    front = {"WebSocketFront": "LoadBalancer",
+             "LoadBalancerCertificateArn": "arn:aws:acm:us-east-1:123456789012:certificate/abc"}
+    cases = {
+        (): [{"CapacityProvider": "FARGATE_SPOT", "Weight": 1}],
+        (("TurnHostCapacityProvider", "Fargate"),): [{"CapacityProvider": "FARGATE", "Weight": 1}],
+        tuple(front.items()): [{"CapacityProvider": "FARGATE", "Base": 1, "Weight": 0},
+                               {"CapacityProvider": "FARGATE_SPOT", "Weight": 1}],
+        (*front.items(), ("TurnHostCapacityProvider", "Fargate")): [{"CapacityProvider": "FARGATE", "Weight": 1}],
+    }
+    for given, strategy in cases.items():
+        created, _ = stack(WorkerImageUri=image, **dict(given))
+        service = created["TurnHostService"]["Properties"]
+        assert service["CapacityProviderStrategy"] == strategy, given
+        assert "LaunchType" not in service
+        # a strategy names only providers associated with the cluster
+        assert created["WorkerCluster"]["Properties"]["CapacityProviders"] == ["FARGATE", "FARGATE_SPOT"]
+    # the worker tasks keep their launch type (RunTask with launchType FARGATE)
+    assert _resource("WorkerTaskDefinition")["Properties"]["RequiresCompatibilities"] == ["FARGATE"]
 
 
 def test_the_turn_host_task_role_is_exactly_what_a_turn_needs() -> None:

@@ -122,7 +122,8 @@ async def test_a_handed_on_lease_is_run_after_the_sessions_run_here_and_refused_
 async def test_a_drain_that_runs_out_of_time_reports_it() -> None:
     queue, directory, sessions = Queue(), Directory(), Sessions()
     host = TurnHost("h2", queue=queue, directory=directory, fallback=Dispatches(), run_session=sessions.run,
-                    cpu=Cpu().meter(), options=HostOptions(heartbeat_s=60, poll_s=1, drain_s=0.05))
+                    cpu=Cpu().meter(), options=HostOptions(heartbeat_s=60, poll_s=1, drain_s=0.05,
+                                                           abort_grace_s=0.05))
     serving = asyncio.create_task(host.serve())
     await queue.inbox.put([req("a")])
     await until(lambda: sessions.started == ["a"])

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from agentvm.api.ws_router import CommandRouter
     from agentvm.engine.runner import EngineOptions
     from agentvm.hosting.definition_cache import DefinitionCache
+    from agentvm.hosting.drain import Drain
     from agentvm.hosting.runtime_ports import RuntimePorts
     from agentvm.hosting.session_worker import DeadRunner, SessionWorker
     from agentvm.services.billing import BillingService
@@ -458,19 +459,21 @@ class CloudRuntime:
 
         return DefinitionCache(self.settings.definition_cache_s)
 
-    def worker(self, invocation: Invocation) -> SessionWorker:
+    def worker(self, invocation: Invocation, drain: Drain | None = None) -> SessionWorker:
         from agentvm.hosting.session_worker import SessionWorker
 
         return SessionWorker(invocation.deps, fanout=invocation.fanout, leases=self.leases, owner=invocation.owner,
-                             lease_ms=self.settings.session_lease_s * 1000, definitions=self.definitions)
+                             lease_ms=self.settings.session_lease_s * 1000, definitions=self.definitions,
+                             drain=drain)
 
     async def run_session(self, tenant_id: str, session_id: str, *, role: str,
-                          request_id: str | None = None, handoff: LeaseHandoff | None = None) -> list[Turn]:
+                          request_id: str | None = None, handoff: LeaseHandoff | None = None,
+                          drain: Drain | None = None) -> list[Turn]:
         """Run a session's queued turns under its lease, as one `chat_turn` invocation does (and a
-        turn host per request): a fresh fan-out for the run, closed afterwards."""
+        turn host per request, with its `drain`): a fresh fan-out for the run, closed afterwards."""
         inv = self.invocation(tenant_id, role=role, driver=await self.driver(), request_id=request_id)
         try:
-            return await self.worker(inv).run(tenant_id, session_id, handoff=handoff)
+            return await self.worker(inv, drain).run(tenant_id, session_id, handoff=handoff)
         finally:
             await inv.fanout.close()
 

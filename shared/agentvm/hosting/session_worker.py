@@ -28,6 +28,11 @@ finds the mark (`LeaseState.dead_runner`) and fails that turn (`worker_lost`: th
 `turn_response`, the error message in the history), as `avm serve` does at start-up with the turns
 of a crash (hosting/recovery.py), and gives back the budget hold of the call it died in; the turns
 queued behind it then run.
+
+A worker given a `Drain` (a turn host's, hosting/drain.py) stops with its process: once draining it
+starts no further turn and, instead of taking the lease again for work left, hands the session back
+(`Drain.handed_back`: the host sends it to `chat_turn`); on `abort` it interrupts the running turn
+(error `host_stopped`) and releases the lease as after any turn.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from agentvm.engine.history import SessionHistory
 from agentvm.errors import WorkerLost
 from agentvm.hosting import session_events
 from agentvm.hosting.definition_cache import DefinitionCache
+from agentvm.hosting.drain import HOST_STOPPED, HOST_STOPPED_TEXT, Drain
 from agentvm.hosting.leased_host import LEASE_TTL_MS
 from agentvm.hosting.runtime_ports import RuntimePorts
 from agentvm.hosting.session_events import announce, drop_stopped, session_context
@@ -89,7 +95,7 @@ class SessionWorker:
                  poll_s: float = 0.25, max_poll_s: float = INTERRUPT_BOUND_S, lease_ms: int = LEASE_TTL_MS,
                  renew_s: float | None = None,
                  before_release: Callable[[str], Awaitable[None]] | None = None,
-                 definitions: DefinitionCache | None = None,
+                 definitions: DefinitionCache | None = None, drain: Drain | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.deps = deps
         self.fanout = fanout
@@ -101,6 +107,7 @@ class SessionWorker:
         self.renew_s = lease_ms / 3000 if renew_s is None else renew_s  # renewed every third of the lease
         self.before_release = before_release
         self.definitions = definitions
+        self.drain = drain
         self._sleep = sleep  # the watcher's pauses (tests: virtual time)
         self.acquired = False  # whether the last `run` got the lease at least once
 
@@ -110,6 +117,10 @@ class SessionWorker:
         ran: list[Turn] = []
         self.acquired = False
         while True:
+            if self._draining:  # its process stops: the session's turns run elsewhere
+                assert self.drain is not None
+                self.drain.hand_back(tenant_id, session_id)
+                return ran
             state = await self.leases.acquire(tenant_id, session_id, self.owner, self.lease_ms, SEQ_BLOCK,
                                               runner=True, handoff=handoff)
             handoff = None
@@ -204,7 +215,7 @@ class SessionWorker:
             if turn.status != TurnStatus.QUEUED and not escalated:
                 run.done.add(turn.turn_id)  # finished by an invocation that died before its release
                 continue
-            if run.lost:
+            if run.lost or self._draining:  # a draining process starts no further turn: it is handed back
                 break
             if ran:  # read again between turns: an agent destroyed meanwhile runs nothing more
                 agent = await store.get_agent_for_image(tenant_id, image.image_id)
@@ -233,6 +244,10 @@ class SessionWorker:
         run.next_seq = channel.next_seq
         return ran
 
+    @property
+    def _draining(self) -> bool:
+        return self.drain is not None and self.drain.draining
+
     async def _definitions(self, tenant_id: str, session_id: str, image_id: str,
                            definitions: int) -> tuple[Image, Agent | None] | None:
         """The session's image and agent: cached (definition_cache.py) or read (one consistent read
@@ -253,17 +268,30 @@ class SessionWorker:
     async def _run_turn(self, turn: Turn, image: Image, channel: SessionChannel, history: SessionHistory,
                         run: _Run, *, resume: bool) -> ScheduledTurn:
         scheduled = ScheduledTurn(self.deps, channel, history)
-        watcher = asyncio.get_running_loop().create_task(self._watch(scheduled, turn, image, channel, run))
+        loop = asyncio.get_running_loop()
+        watchers = [loop.create_task(self._watch(scheduled, turn, image, channel, run))]
+        if self.drain is not None:
+            watchers.append(loop.create_task(self._stop_on_abort(self.drain, scheduled, turn)))
         try:
             if resume:
                 await scheduled.resume(turn, image)
             else:
                 await scheduled.run(turn, image)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for watcher in watchers:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
         return scheduled
+
+    async def _stop_on_abort(self, drain: Drain, runner: ScheduledTurn, turn: Turn) -> None:
+        """The process's drain ran out of time: end the turn now (interrupted, its reply so far kept)
+        rather than leave it to die with the process and be failed after its lease expires."""
+        await drain.aborted()
+        log.warning("the host stops: interrupting the running turn",
+                    extra={"session_id": turn.session_id, "turn_id": turn.turn_id})
+        turn.error_code, turn.error_message = HOST_STOPPED, HOST_STOPPED_TEXT
+        runner.interrupt()
 
     async def _watch(self, runner: ScheduledTurn, turn: Turn, image: Image, channel: SessionChannel,
                      run: _Run) -> None:

@@ -7,8 +7,9 @@ load balancer) and serves its internal endpoint on AVM_TURN_HOST_PEER_PORT (turn
 a random token it registers; on SIGTERM both keep serving while the running turns drain, then the
 front's sockets are closed (1001, "Going away": clients reconnect to another host).
 
-Exit codes: 0 after a drain (SIGTERM or SIGINT), 2 when a setting is bad or missing (one line on
-stderr: a task that would never get better by being restarted), 1 when the drain ran out of time.
+Exit codes: 0 after a drain (SIGTERM or SIGINT; turns still running after AVM_TURN_HOST_DRAIN_S are
+interrupted, host/drain.py), 2 when a setting is bad or missing (one line on stderr: a task that would
+never get better by being restarted), 1 when a session run did not end even after its interruption.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from agentvm.cloud.runtime import CloudRuntime
 from agentvm.config import Settings
 from agentvm.domain.models import LeaseHandoff, Turn
 from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
+from agentvm.hosting.drain import Drain
 from agentvm.logs import setup_logging
 from agentvm.turnhost.cpu import CpuMeter, available_vcpus
 from agentvm.turnhost.host import HostOptions, TurnHost
@@ -110,9 +112,10 @@ def build(rt: CloudRuntime, *, metrics: Metrics | None = None, name: str | None 
           endpoint: tuple[str, int, str] | None = None) -> TurnHost:
     """The turn host over a runtime's clients (also the tests' in-process host)."""
     s = rt.settings
+    drain = Drain()
 
     async def run_session(tenant_id: str, session_id: str, handoff: LeaseHandoff | None) -> Sequence[Turn]:
-        return await rt.run_session(tenant_id, session_id, role="turn_host", handoff=handoff)
+        return await rt.run_session(tenant_id, session_id, role="turn_host", handoff=handoff, drain=drain)
 
     def on_run(request: TurnRequest, turns: Sequence[Turn], seconds: float) -> None:
         log.info("session run", extra={"session_id": request.session_id, "turns": len(turns),
@@ -123,7 +126,7 @@ def build(rt: CloudRuntime, *, metrics: Metrics | None = None, name: str | None 
     vcpus = s.turn_host_vcpu or available_vcpus()
     return TurnHost(name or host_id(), queue=rt.turn_queue, directory=rt.turn_hosts, fallback=rt.lambda_dispatcher,
                     run_session=run_session, cpu=CpuMeter(vcpus), on_run=on_run,
-                    on_beat=None if metrics is None else metrics.beat, endpoint=endpoint,
+                    on_beat=None if metrics is None else metrics.beat, endpoint=endpoint, drain=drain,
                     options=HostOptions(capacity=s.turn_host_capacity, max_cpu=s.turn_host_max_cpu,
                                         heartbeat_s=s.turn_host_heartbeat_s, poll_s=s.turn_host_poll_s,
                                         drain_s=s.turn_host_drain_s))
@@ -260,6 +263,7 @@ async def serve(settings: Settings) -> bool:
                   **{f"peer_{k}": v for k, v in front.peers.counts.items()}}}
     log.info("turn host stopped", extra={"received": c.received, "taken": c.taken, "joined": c.joined,
                                          "refused": c.refused, "local": c.local, "turns": c.turns,
+                                         "handed_back": c.handed_back,
                                          "drained": finished, "cpu_ms": round(time.process_time() * 1000),
                                          "peak_rss_mb": _peak_rss_mb(), **fronted})
     return finished

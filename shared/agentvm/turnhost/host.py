@@ -12,9 +12,14 @@
   expire; the next runner of the session (or the turn sweep) fails its turn `worker_lost` and gives
   the budget hold back (hosting/session_worker.py).
 * `on_beat` sees every record the host writes (the running-turns metric the service scales in on).
-* `stop()` (SIGTERM, ECS scale-in): deregister, stop receiving (requests received meanwhile are
-  refused), let the running sessions finish for up to `drain_s`. A host with a front (`endpoint`)
-  stays registered, not accepting, until its sockets are closed (`deregister()` then).
+* `stop()` (SIGTERM: ECS scale-in, a deploy, a Fargate Spot interruption's two-minute warning):
+  deregister, stop receiving (requests received meanwhile are refused), let the running turns finish
+  for up to `drain_s`. Through the host's `Drain` (hosting/drain.py) a session run starts no further
+  turn: it hands its session back and the host sends it to the fallback (`chat_turn`) at once. Turns
+  still running after `drain_s` are interrupted (`Drain.abort`) and their runs get `abort_grace_s`
+  to store them and release their leases: everything settles before ECS's SIGKILL (stopTimeout 120 s:
+  100 + 10 s by default). A host with a front (`endpoint`) stays registered, not accepting, until
+  its sockets are closed (`deregister()` then).
 * `take_here()`: a turn of a connection on the host's own WebSocket front (turnhost/front.py) runs
   on the host without a queue hop when it has room (turnhost/local_dispatch.py).
 * `endpoint`: with a front, the private address, port and token other hosts post its sockets'
@@ -28,10 +33,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agentvm.domain.models import LeaseHandoff, Turn
 from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
+from agentvm.hosting.drain import Drain
 from agentvm.ids import now_ms
 from agentvm.ports import Dispatcher, TurnHostDirectory, TurnQueue
 from agentvm.turnhost.cpu import CpuMeter
@@ -53,6 +59,7 @@ class HostOptions:
     heartbeat_s: float = 10.0
     poll_s: float = 20.0
     drain_s: float = 100.0
+    abort_grace_s: float = 10.0  # after drain_s: interrupted turns store their state and release their leases
     idle_pause_s: float = 0.05  # between empty receives when not long polling (poll_s 0: tests on moto)
 
 
@@ -65,6 +72,7 @@ class HostCounts:
     joined: int = 0  # requests for a session it was running already
     refused: int = 0  # handed to the fallback
     local: int = 0  # session runs started for the host's own front (take_here), without the queue
+    handed_back: int = 0  # sessions with turns left when the host drained: sent to the fallback
     turns: int = 0  # turns its session runs ran
     by_reason: dict[str, int] = field(default_factory=dict)
 
@@ -73,8 +81,10 @@ class TurnHost:
     def __init__(self, host_id: str, *, queue: TurnQueue, directory: TurnHostDirectory, fallback: Dispatcher,
                  run_session: RunSession, cpu: CpuMeter, options: HostOptions | None = None,
                  on_run: OnRun | None = None, on_beat: OnBeat | None = None,
-                 endpoint: tuple[str, int, str] | None = None) -> None:
+                 endpoint: tuple[str, int, str] | None = None, drain: Drain | None = None) -> None:
+        """`drain`: the one `run_session` passes to its session runs (a new one when not given)."""
         self.host_id = host_id
+        self.drain = drain or Drain()
         self.endpoint = endpoint
         # with a front the record must outlive the drain: other hosts find its open sockets by it
         # (not accepting, so no turn is sent to it); whoever closes the sockets calls `deregister()`
@@ -96,6 +106,7 @@ class TurnHost:
         self._stopped: asyncio.Event | None = None
         self._refusals: set[asyncio.Task[None]] = set()
         self.registered = False
+        self._stop_at: float | None = None  # when `stop()` came: the drain's deadline counts from it
 
     # -- state
 
@@ -140,7 +151,10 @@ class TurnHost:
     def stop(self) -> None:
         """Drain: deregister, stop receiving, let the running sessions finish (thread-unsafe: call it
         on the host's loop, e.g. from a signal handler installed with `loop.add_signal_handler`)."""
+        if not self.draining:
+            self._stop_at = time.monotonic()
         self.draining = True
+        self.drain.drain()
         if self._stopped is not None:
             self._stopped.set()
         self._changed()
@@ -237,6 +251,10 @@ class TurnHost:
         except Exception:
             log.exception("a session run failed", extra={"session_id": request.session_id})
         finally:
+            if self.drain.take_handed_back(request.tenant_id, request.session_id):
+                self.counts.handed_back += 1
+                # before the run counts as done: the drain waits for it; the run took its handoff
+                await self._refuse(replace(request, handoff=None), "draining")
             if self.running.get(key) is asyncio.current_task():  # not a run queued behind this one
                 self.running.pop(key, None)
             self.counts.turns += len(turns)
@@ -252,10 +270,17 @@ class TurnHost:
         if not pending:
             return True
         log.info("draining", extra={"running": len(self.running)})
-        _, late = await asyncio.wait(pending, timeout=self.options.drain_s)
+        # from SIGTERM, not from the end of the receive that was in flight (a long poll: up to 20 s), so
+        # that drain_s + abort_grace_s stays within ECS's stopTimeout
+        since = time.monotonic() - self._stop_at if self._stop_at is not None else 0.0
+        _, late = await asyncio.wait(pending, timeout=max(0.0, self.options.drain_s - since))
         if late:
-            log.error("session runs still running when the drain ended: their leases expire and the next "
-                      "runner fails their turns", extra={"running": len(late)})
+            log.warning("turns still running when the drain ended: interrupting them", extra={"running": len(late)})
+            self.drain.abort()
+            _, late = await asyncio.wait(late, timeout=self.options.abort_grace_s)
+        if late:
+            log.error("session runs still running after they were interrupted: their leases expire and the "
+                      "next runner fails their turns", extra={"running": len(late)})
         return not late
 
     # -- registration
