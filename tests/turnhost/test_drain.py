@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from agentvm.domain.models import Turn
+from agentvm.domain.models import LeaseHandoff, Turn
 from agentvm.hosting.drain import Drain
 from agentvm.turnhost.host import HostOptions, TurnHost
 from tests.turnhost.fakes import Directory, Dispatches, Queue
@@ -33,7 +33,7 @@ class Runs:
     def finish(self, session_id: str) -> None:
         self.gates.setdefault(session_id, asyncio.Event()).set()
 
-    async def run(self, tenant_id: str, session_id: str) -> Sequence[Turn]:
+    async def run(self, tenant_id: str, session_id: str, _handoff: LeaseHandoff | None) -> Sequence[Turn]:
         gate = self.gates.setdefault(session_id, asyncio.Event())
         waits: set[asyncio.Future[object]] = {asyncio.ensure_future(gate.wait())}
         if not self.ignore_abort:
