@@ -34,11 +34,20 @@ class _NamedMistakes:
             raise
 
 
-class Command(_NamedMistakes, click.Command):
+class _ShortHelp:
+    """`-h` as well as `--help` on every command, also one whose context has no parent (click keeps a
+    command's help option once made, so it must not depend on who made the first context)."""
+
+    def __init__(self, *args: Any, context_settings: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        settings = {"help_option_names": ["-h", "--help"], **(context_settings or {})}
+        super().__init__(*args, context_settings=settings, **kwargs)  # type: ignore[call-arg]
+
+
+class Command(_ShortHelp, _NamedMistakes, click.Command):
     pass
 
 
-class Group(_NamedMistakes, click.Group):
+class Group(_ShortHelp, _NamedMistakes, click.Group):
     command_class = Command
     group_class = type  # a group's groups are of this class too
 

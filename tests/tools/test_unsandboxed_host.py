@@ -107,7 +107,7 @@ async def test_not_root_without_bubblewrap_refuses_sandbox_tools(traversable_dir
         events = await client.turn(chat_only["imageId"], "hello")
         assert events[-1]["data"]["status"] == "completed"
         health = (await http.get("/health")).json()
-        assert health == {"status": "ok", "version": health["version"]}
+        assert health == {"status": "ok", "version": health["version"], "auth": "open"}
         caplog.set_level(logging.INFO, logger="agentvm.serve")
         banner(srv.runtime, srv.port)
         said = [r.getMessage() for r in caplog.records if r.name == "agentvm.serve" and r.levelno == logging.WARNING]
@@ -132,7 +132,7 @@ async def test_the_unsafe_opt_in_runs_tools_and_is_shouted(traversable_dir: Path
         warning = ("tools run UNSANDBOXED (AVM_UNSAFE_UNSANDBOXED_TOOLS=1): bubblewrap is not usable (bwrap is not "
                    "installed), and the server does not run as root (tools would run as its own user); a tool can "
                    "read the server's keys, database and logs and call its API on loopback")
-        assert health == {"status": "ok", "version": health["version"], "sandbox": "unsafe-unsandboxed",
+        assert health == {"status": "ok", "version": health["version"], "auth": "open", "sandbox": "unsafe-unsandboxed",
                           "warnings": [warning]}
         caplog.set_level(logging.INFO, logger="agentvm.serve")
         banner(srv.runtime, srv.port)

@@ -270,7 +270,7 @@ class _Seq:
     def __init__(self) -> None:
         self.n = -1
 
-    def event(self, kind: str, data: JSON) -> bytes:
+    def sse(self, kind: str, data: JSON) -> bytes:
         self.n += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(
             {"type": kind, "sequence_number": self.n, **data}) + b"\n\n"
@@ -293,15 +293,15 @@ async def _events(call: GatewayCall, first: DriverEvent | Billed | None, ident: 
         item = _message_item(text_item["id"], text)
         output.append(item)
         text_item, text = None, ""
-        return [seq.event("response.output_text.done", {"item_id": item["id"], "output_index": index,
+        return [seq.sse("response.output_text.done", {"item_id": item["id"], "output_index": index,
                                                         "content_index": 0, "text": part["text"]}),
-                seq.event("response.content_part.done", {"item_id": item["id"], "output_index": index,
+                seq.sse("response.content_part.done", {"item_id": item["id"], "output_index": index,
                                                          "content_index": 0, "part": part}),
-                seq.event("response.output_item.done", {"output_index": index, "item": item})]
+                seq.sse("response.output_item.done", {"output_index": index, "item": item})]
 
-    yield seq.event("response.created", {"response": response_wire(ident, model, created, status="in_progress",
+    yield seq.sse("response.created", {"response": response_wire(ident, model, created, status="in_progress",
                                                                    output=[], usage=None)})
-    yield seq.event("response.in_progress", {"response": response_wire(ident, model, created, status="in_progress",
+    yield seq.sse("response.in_progress", {"response": response_wire(ident, model, created, status="in_progress",
                                                                        output=[], usage=None)})
     try:
         async with contextlib.aclosing(replay(first, call)) as events:
@@ -309,12 +309,12 @@ async def _events(call: GatewayCall, first: DriverEvent | Billed | None, ident: 
                 if isinstance(event, TextDelta):
                     if text_item is None:
                         text_item = _message_item(f"msg_{call.call_id}_{len(output)}", "", "in_progress")
-                        yield seq.event("response.output_item.added", {"output_index": len(output), "item": text_item})
-                        yield seq.event("response.content_part.added", {
+                        yield seq.sse("response.output_item.added", {"output_index": len(output), "item": text_item})
+                        yield seq.sse("response.content_part.added", {
                             "item_id": text_item["id"], "output_index": len(output), "content_index": 0,
                             "part": {"type": "output_text", "text": "", "annotations": []}})
                     text += event.text
-                    yield seq.event("response.output_text.delta", {"item_id": text_item["id"], "output_index":
+                    yield seq.sse("response.output_text.delta", {"item_id": text_item["id"], "output_index":
                                                                    len(output), "content_index": 0,
                                                                    "delta": event.text})
                 elif isinstance(event, ToolUseStart):
@@ -322,26 +322,26 @@ async def _events(call: GatewayCall, first: DriverEvent | Billed | None, ident: 
                         yield chunk
                     item = _call_item({"id": event.tool_call_id, "name": event.name, "input": {}}, "in_progress", "")
                     tool_item_id = item["id"]
-                    yield seq.event("response.output_item.added", {"output_index": len(output), "item": item})
+                    yield seq.sse("response.output_item.added", {"output_index": len(output), "item": item})
                 elif isinstance(event, InputJsonDelta):
-                    yield seq.event("response.function_call_arguments.delta", {
+                    yield seq.sse("response.function_call_arguments.delta", {
                         "item_id": tool_item_id, "output_index": len(output), "delta": event.partial_json})
                 elif isinstance(event, ToolUseStop):
                     block = {"id": event.tool_call_id, "name": event.name, "input": dict(event.input)}
                     item = _call_item(block)
-                    yield seq.event("response.function_call_arguments.done", {
+                    yield seq.sse("response.function_call_arguments.done", {
                         "item_id": item["id"], "output_index": len(output), "arguments": item["arguments"]})
-                    yield seq.event("response.output_item.done", {"output_index": len(output), "item": item})
+                    yield seq.sse("response.output_item.done", {"output_index": len(output), "item": item})
                     output.append(item)
                 elif isinstance(event, MessageStop):
                     for chunk in close_text():
                         yield chunk
                     stop_reason = event.stop_reason
                 elif isinstance(event, Billed):
-                    yield seq.event("response.completed", {"response": response_wire(
+                    yield seq.sse("response.completed", {"response": response_wire(
                         ident, model, created, status="completed", output=output, usage=_usage(event.usage, event),
                         stop_reason=stop_reason)})
     except AgentVMError as exc:
-        yield seq.event("error", {"code": exc.code, "message": public_message(exc), "param": None})
+        yield seq.sse("error", {"code": exc.code, "message": public_message(exc), "param": None})
     finally:
         await call.events.aclose()
