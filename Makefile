@@ -51,7 +51,7 @@ lock: $(UV_STAMP)  ## re-resolve uv.lock after a pyproject.toml change (LOCK_ARG
 	@{ sed -n '/^# /p;/^$$/q' functions/chat_stream/requirements.txt; echo; $(UV_EXPORT) --only-group chat-stream --no-emit-package h11; } \
 		> functions/chat_stream/requirements.txt.new
 	@mv functions/chat_stream/requirements.txt.new functions/chat_stream/requirements.txt
-	@{ sed -n '/^# /p;/^$$/q' infra/container/constraints.txt; echo; $(UV_EXPORT) --no-default-groups --extra aws; } \
+	@{ sed -n '/^# /p;/^$$/q' infra/container/constraints.txt; echo; $(UV_EXPORT) --no-default-groups --extra aws --extra otel; } \
 		> infra/container/constraints.txt.new
 	@mv infra/container/constraints.txt.new infra/container/constraints.txt
 	@echo "uv.lock and its exports (shared/requirements.txt, functions/chat_stream/requirements.txt," \

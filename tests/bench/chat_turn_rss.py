@@ -45,7 +45,7 @@ INPUT_TOKENS: Final = 3000
 OUTPUT_TOKENS: Final = 500
 STACK: Final = "bench"
 REGION: Final = "us-east-1"
-CONDITIONS: Final = {"HasLlmSecret": True, "HasWorkerImage": False}
+CONDITIONS: Final = {"HasLlmSecret": True, "HasWorkerImage": False, "HasOtelExporter": False}
 
 
 def template_env(resources: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:

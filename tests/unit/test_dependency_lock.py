@@ -216,5 +216,5 @@ def test_worker_image_constraints_are_the_lock() -> None:
 
 
 def test_worker_image_constraints_are_exactly_the_uv_export() -> None:
-    exported = _uv_export("--no-default-groups", "--extra", "aws")
+    exported = _uv_export("--no-default-groups", "--extra", "aws", "--extra", "otel")
     assert _pins(CONTAINER) == _parse_pins(exported, "uv export"), f"{CONTAINER.name} is stale: run `make lock`"
