@@ -27,8 +27,16 @@ rules:
         usage: {input_tokens: 200, output_tokens: 20}
       - text: ["I ran ", "it."]
         usage: {input_tokens: 300, output_tokens: 10}
+  - match: "break"
+    responses:
+      - text: ["Half ", "an answer"]
+        error: {code: api_error, message: "The provider broke", after_chunks: 1}
+  - match: "refuse"
+    responses:
+      - error: {code: invalid_request_error, message: "The provider refused"}
 """
 SESSION = "x-agentvm-session-id"
+PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgAAIAAAUAAeIhvDMAAAAASUVORK5CYII=")  # 1×1
 
 
 @pytest.fixture(scope="module")
@@ -231,3 +239,46 @@ def test_a_budget_stops_an_agent_turn_with_the_sdks_rate_limit_error(
     finally:
         httpx.delete(f"{srv.http}/v1/budgets", headers=as_admin)
 
+
+
+def test_a_turn_that_fails_is_an_error_status_before_any_words_and_an_error_event_after(
+        keyed: tuple[ServeProcess, dict[str, str]]) -> None:
+    srv, keys = keyed
+    image = new_image(srv, keys["user"])
+    client = openai.OpenAI(base_url=f"{srv.http}/v1", api_key=keys["user"], max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model=f"agent/{image}", stream=True,
+                                       messages=[{"role": "user", "content": "refuse this"}])
+    assert refused.value.status_code == 502 and refused.value.body == {
+        "message": "The provider refused", "type": "upstream_error", "param": None, "code": "invalid_request_error"}
+    stream = client.chat.completions.create(model=f"agent/{image}", stream=True,
+                                            messages=[{"role": "user", "content": "break it"}])
+    seen: list[str] = []
+    with pytest.raises(openai.APIError) as broke:
+        for c in stream:
+            seen.append(c.choices[0].delta.content or "" if c.choices else "")
+    assert "".join(seen) == "Half " and broke.value.message == "The provider broke"
+    # not streamed: a failed turn is its error, whatever it said first
+    with pytest.raises(anthropic.InternalServerError) as whole:
+        anthropic.Anthropic(base_url=srv.http, api_key=keys["user"], max_retries=0).messages.create(
+            model=f"agent/{image}", max_tokens=64, messages=[{"role": "user", "content": "break again"}])
+    assert whole.value.status_code == 502 and whole.value.body == {
+        "type": "error", "error": {"type": "api_error", "message": "The provider broke"}}
+    primary = httpx.get(f"{srv.http}/v1/images/{image}", headers=bearer(keys["user"])).json()["sessionId"]
+    turns = httpx.get(f"{srv.http}/v1/sessions/{primary}/turns", headers=bearer(keys["user"])).json()["items"]
+    assert [(t["status"], t["error"]["code"]) for t in turns] == [("failed", "invalid_request_error"),
+                                                                  ("failed", "api_error"), ("failed", "api_error")]
+
+
+def test_an_image_part_reaches_the_agents_session(keyed: tuple[ServeProcess, dict[str, str]]) -> None:
+    srv, keys = keyed
+    image = new_image(srv, keys["user"])
+    client = openai.OpenAI(base_url=f"{srv.http}/v1", api_key=keys["user"], max_retries=0)
+    parts = [{"type": "text", "text": "what is it?"},
+             {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]
+    raw = client.chat.completions.with_raw_response.create(model=f"agent/{image}", messages=[
+        {"role": "user", "content": parts}])  # type: ignore[misc,list-item]
+    assert raw.parse().choices[0].message.content == "You said: what is it?"
+    [user] = [m for m in messages_of(srv, keys["user"], raw.headers[SESSION]) if m["subtype"] == "user"]
+    assert user["content"] == [{"type": "text", "text": "what is it?"},
+                               {"type": "image", "data": PNG, "mediaType": "image/png"}]
