@@ -13,11 +13,10 @@ it with its status rather than inside a 200 stream."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from pydantic import TypeAdapter, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from agentvm.domain.models import Principal, Usage
 from agentvm.drivers.base import LLMRequest
@@ -29,8 +28,11 @@ from agentvm.errors import (
     RateLimited,
     UpstreamError,
 )
-from agentvm.protocol.messages import UserContent, content_wire
-from agentvm.services.chat import ChatEvent, ChatService, ChatTurn
+
+if TYPE_CHECKING:  # the token API's routers import this module: the chat use case only when an agent is asked
+    from pydantic import TypeAdapter
+
+    from agentvm.services.chat import ChatEvent, ChatService, ChatTurn
 
 JSON = dict[str, Any]
 AGENT_PREFIX = "agent/"
@@ -38,8 +40,16 @@ SESSION_HEADER = "x-agentvm-session-id"
 NEW_SESSION = "new"  # the session header's value that starts a new session of the image
 SESSION_PREFIX = "sess_"  # a `user` field that is a session id names the session (else it is the end user's id)
 
-_CONTENT: TypeAdapter[Any] = TypeAdapter(UserContent)
 _ERRORS: dict[str, type[AgentVMError]] = {"quota_exceeded": QuotaExceeded, "rate_limited": RateLimited}
+
+
+@functools.cache
+def _content() -> TypeAdapter[Any]:
+    from pydantic import TypeAdapter
+
+    from agentvm.protocol.messages import UserContent
+
+    return TypeAdapter(UserContent)  # built at the first agent call, not at import (a cold path)
 
 
 def is_agent_model(name: object) -> bool:
@@ -259,8 +269,12 @@ def user_content(messages: list[JSON]) -> str | list[JSON]:
                                      "images (its tools are its own: tool results cannot be sent)", field="messages")
         # text alone is sent as text, as a chat client sends it
         raw = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
+    from pydantic import ValidationError
+
+    from agentvm.protocol.messages import content_wire
+
     try:
-        value = _CONTENT.validate_python(raw)
+        value = _content().validate_python(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise InvalidRequest(f"messages: the last user message: {first['msg']}", field="messages") from None
