@@ -73,6 +73,7 @@ def anthropic_error(exc: BaseException) -> JSONResponse:
     status, kind = 500, "api_error"
     if isinstance(exc, AgentVMError):  # a class not named below keeps its own status (SecretsMissing 409, …)
         status = exc.http_status
+        kind = "invalid_request_error" if status < 500 else kind
     headers: dict[str, str] = {}
     if isinstance(exc, Unauthorized):
         status, kind = 401, "authentication_error"

@@ -57,6 +57,7 @@ def openai_error(exc: BaseException) -> JSONResponse:
     status, kind, code, param = 500, "server_error", "internal_error", None
     if isinstance(exc, AgentVMError):  # a class not named below keeps its own status (SecretsMissing 409, …)
         status, code, param = exc.http_status, exc.code, exc.field
+        kind = "invalid_request_error" if status < 500 else kind
     headers: dict[str, str] = {}
     if isinstance(exc, Unauthorized):
         status, kind, code = 401, "invalid_request_error", "invalid_api_key"
