@@ -1,12 +1,27 @@
 """The pure parts of agents as models (services/agent_models.py): which session a request names, the
-last user message as the agent's, and a failed turn's error class."""
+last user message as the agent's, a failed turn's error class; and the vendor streams of a followed
+turn's chat events (api/agent_http.py)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
 import pytest
 
+from agentvm.api.agent_http import _anthropic_events, _openai_chunks
 from agentvm.errors import InvalidRequest, QuotaExceeded, RateLimited, UpstreamError
-from agentvm.services.agent_models import SESSION_HEADER, is_agent_model, session_of, turn_error, user_content
+from agentvm.services.agent_models import (
+    SESSION_HEADER,
+    AgentCall,
+    _Reader,
+    is_agent_model,
+    session_of,
+    turn_error,
+    user_content,
+)
+from agentvm.services.chat import ChatEvent
 
 PNG = "iVBORw0KGgo="
 
@@ -57,3 +72,67 @@ def test_a_failed_turns_code_maps_to_its_error_class() -> None:
     assert type(turn_error("rate_limited", "slow down")) is RateLimited
     other = turn_error("overloaded_error", "busy")
     assert type(other) is UpstreamError and other.code == "overloaded_error" and other.message == "busy"
+
+
+# ---- the stream translation (api/agent_http.py) over a followed turn's chat events ----------------
+
+class _Feed:
+    def __init__(self) -> None:
+        self.closed = 0
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.closed += 1
+
+
+def _call(events: list[ChatEvent | None]) -> tuple[AgentCall, _Feed]:
+    feed = _Feed()
+
+    async def follow() -> AsyncIterator[ChatEvent | None]:
+        for event in events:
+            yield event
+
+    turn = SimpleNamespace(feed=feed)
+    return AgentCall("agent/img_1", "img_1", "sess_1", "turn_1", turn, follow(), _Reader()), feed  # type: ignore[arg-type]
+
+
+def _done(status: str = "completed") -> ChatEvent:
+    return ChatEvent("done", {"turn_id": "turn_1", "status": status, "cost": {"billed": "0.00012000"},
+                              "usage": {"inputTokens": 10, "outputTokens": 4}})
+
+
+def _data(frames: list[bytes]) -> list[str]:
+    return [f.decode() for f in frames]
+
+
+async def test_the_openai_stream_shows_words_pings_while_a_tool_runs_and_ends_with_the_turns_usage() -> None:
+    call, feed = _call([ChatEvent("thought", {"kind": "thinking"}), ChatEvent("message", {"content": "Let me look."}),
+                        ChatEvent("thought", {"kind": "tool_call", "tool": "bash"}), None,
+                        ChatEvent("thought", {"kind": "tool_result"}), ChatEvent("message", {"content": "Done."}),
+                        _done()])
+    frames = _data([f async for f in _openai_chunks(call, "chatcmpl-turn_1", True)])
+    assert frames[2] == ": ping\n\n" and frames[-1] == "data: [DONE]\n\n"
+    bodies = [json.loads(f[6:]) for f in frames if f.startswith("data: {")]
+    assert [b["choices"][0]["delta"].get("content") for b in bodies if b["choices"]] == [
+        "", "Let me look.", "\n\nDone.", None]  # the tool is not shown; a blank line after it
+    assert bodies[-2]["choices"][0]["finish_reason"] == "stop"
+    assert bodies[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
+                                   "prompt_tokens_details": {"cached_tokens": 0}, "cost": "0.00012000"}
+    assert feed.closed == 1
+
+
+async def test_a_failure_after_the_first_words_is_an_error_event_in_either_shape() -> None:
+    events: list[ChatEvent | None] = [ChatEvent("message", {"content": "Half"}),
+                                      ChatEvent("error", {"code": "overloaded_error", "message": "busy"}),
+                                      _done("failed")]
+    call, feed = _call(list(events))
+    frames = _data([f async for f in _openai_chunks(call, "chatcmpl-turn_1", False)])
+    assert json.loads(frames[-1][6:]) == {"error": {"message": "busy", "type": "agent_error", "param": None,
+                                                    "code": "overloaded_error"}}
+    assert "[DONE]" not in "".join(frames) and feed.closed == 1
+    call, feed = _call([None, *events])
+    frames = _data([f async for f in _anthropic_events(call, "msg_turn_1")])
+    assert [f.split("\n")[0] for f in frames] == ["event: message_start", "event: ping", "event: content_block_start",
+                                                  "event: content_block_delta", "event: error"]
+    assert json.loads(frames[-1].split("data: ")[1]) == {"type": "error", "error": {"type": "api_error",
+                                                                                    "message": "busy"}}
+    assert feed.closed == 1
