@@ -260,12 +260,16 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=CORS_METHODS,
-                           allow_headers=CORS_HEADERS, expose_headers=["retry-after", "x-request-id"], max_age=600)
+                           allow_headers=CORS_HEADERS, expose_headers=CORS_EXPOSED, max_age=600)
     return app
 
 
 CORS_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
-CORS_HEADERS = ["authorization", "content-type", "last-event-id", "x-request-id"]
+CORS_HEADERS = ["authorization", "content-type", "last-event-id", "x-request-id",
+                "x-agentvm-session-id"]  # the token API's agent models: the session to continue
+# answer headers a page may read: the token API's cost, call, and an agent model's session and turn
+CORS_EXPOSED = ["retry-after", "x-request-id", "x-agentvm-cost-usd", "x-agentvm-call-id", "x-agentvm-session-id",
+                "x-agentvm-turn-id"]
 
 
 def _env_origins() -> list[str]:
