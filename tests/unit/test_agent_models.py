@@ -15,6 +15,7 @@ from agentvm.errors import InvalidRequest, QuotaExceeded, RateLimited, UpstreamE
 from agentvm.services.agent_models import (
     SESSION_HEADER,
     AgentCall,
+    AgentText,
     _Reader,
     is_agent_model,
     session_of,
@@ -136,3 +137,21 @@ async def test_a_failure_after_the_first_words_is_an_error_event_in_either_shape
     assert json.loads(frames[-1].split("data: ")[1]) == {"type": "error", "error": {"type": "api_error",
                                                                                     "message": "busy"}}
     assert feed.closed == 1
+
+
+async def test_a_turn_that_outlasts_a_whole_answers_time_limit_is_a_timeout_naming_how_to_follow_it() -> None:
+    feed = _Feed()
+
+    async def follow() -> AsyncIterator[ChatEvent | None]:
+        yield ChatEvent("message", {"content": "still"})
+        raise TimeoutError("the turn turn_1 did not end within 600 s")
+
+    call = AgentCall("agent/img_1", "img_1", "sess_1", "turn_1", SimpleNamespace(feed=feed),  # type: ignore[arg-type]
+                     follow(), _Reader())
+    seen: list[object] = []
+    with pytest.raises(UpstreamError) as late:
+        async for event in call.events():
+            seen.append(event)
+    assert seen == [AgentText("still")] and late.value.code == "timeout"
+    assert late.value.message == ("the turn turn_1 did not end within 600 s; it goes on: follow it with "
+                                  "GET /api/v1/chat/stream?session_id=sess_1")

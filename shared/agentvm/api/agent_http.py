@@ -24,6 +24,7 @@ from agentvm.errors import UpstreamError, public_message
 from agentvm.services.agent_models import SESSION_HEADER, AgentCall, AgentDone, AgentModels, AgentText, session_of
 
 TURN_HEADER = "x-agentvm-turn-id"
+WHOLE_TIMEOUT_S = 600.0  # a whole (non-streamed) answer waits this long for its turn (as the chat API's execute)
 
 
 def _headers(call: AgentCall) -> dict[str, str]:
@@ -55,7 +56,7 @@ async def openai_agent(agents: AgentModels, p: Principal, request: Request, body
     session, field = session_of(request.headers.get(SESSION_HEADER), body.get("user"), "user")
     max_tokens = asked.request.max_tokens if asked.max_tokens_param is not None else None
     call = await agents.start(p, asked.model, asked.request, session=session, session_field=field,
-                              max_tokens=max_tokens)
+                              max_tokens=max_tokens, timeout_s=None if asked.stream else WHOLE_TIMEOUT_S)
     ident = "chatcmpl-" + call.turn_id
     if asked.stream:
         return StreamingResponse(_openai_chunks(call, ident, asked.include_usage), media_type="text/event-stream",
@@ -103,7 +104,8 @@ async def anthropic_agent(agents: AgentModels, p: Principal, request: Request, b
     metadata = body.get("metadata")
     user = metadata.get("user_id") if isinstance(metadata, dict) else None
     session, field = session_of(request.headers.get(SESSION_HEADER), user, "metadata.user_id")
-    call = await agents.start(p, model, asked, session=session, session_field=field, max_tokens=asked.max_tokens)
+    call = await agents.start(p, model, asked, session=session, session_field=field, max_tokens=asked.max_tokens,
+                              timeout_s=None if stream else WHOLE_TIMEOUT_S)
     ident = "msg_" + call.turn_id
     if stream:
         return StreamingResponse(_anthropic_events(call, ident), media_type="text/event-stream",

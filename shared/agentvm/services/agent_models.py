@@ -151,13 +151,23 @@ class AgentCall:
         for event in self._first:
             yield event
         self._first = []
-        async for chat_event in self._events:
+        async for chat_event in self.chat_events():
             out = self._reader.read(chat_event)
             if out is True or out is False:
                 continue
             yield out
             if isinstance(out, AgentDone):
                 return
+
+    async def chat_events(self) -> AsyncIterator[ChatEvent | None]:
+        """The followed turn's chat events; a turn that outlasts the call's time limit raises `UpstreamError`
+        (code timeout): the turn itself goes on."""
+        try:
+            async for chat_event in self._events:
+                yield chat_event
+        except TimeoutError as exc:
+            raise UpstreamError(f"{exc}; it goes on: follow it with GET /api/v1/chat/stream?session_id="
+                                f"{self.session_id}", code="timeout") from None
 
     async def close(self) -> None:
         if not self._closed:
@@ -173,10 +183,12 @@ class AgentModels:
         self._heartbeat_s = heartbeat_s
 
     async def start(self, p: Principal, model: str, request: LLMRequest, *, session: str | None,
-                    session_field: str = SESSION_HEADER, max_tokens: int | None = None) -> AgentCall:
+                    session_field: str = SESSION_HEADER, max_tokens: int | None = None,
+                    timeout_s: float | None = None) -> AgentCall:
         """Send the request's last user message to the image's session and follow the turn up to its
         first words (or tool, or end). `NotFound` (field model) for an image the caller does not own;
-        a turn that failed before anything raises its error (`QuotaExceeded`, `RateLimited`, …)."""
+        a turn that failed before anything raises its error (`QuotaExceeded`, `RateLimited`, …).
+        `timeout_s`: how long the call follows the turn (None: as long as it runs)."""
         image_id = model[len(AGENT_PREFIX):]
         _refuse_client_tools(request)
         options: JSON = {}
@@ -210,7 +222,7 @@ class AgentModels:
         turn = await chat.start(p, agent_type=None, session_id=session_id, message=content, options=options,
                                 container_id=None)
         reader = _Reader()
-        events = turn.events(heartbeat_s=self._heartbeat_s).__aiter__()
+        events = turn.events(heartbeat_s=self._heartbeat_s, timeout_s=timeout_s).__aiter__()
         call = AgentCall(model, image.image_id, session_id, turn.turn_id, turn, events, reader)
         try:
             await self._first_sign(call)
@@ -222,7 +234,7 @@ class AgentModels:
     @staticmethod
     async def _first_sign(call: AgentCall) -> None:
         """Follow the turn until it says or does something, or ends: a failure before that is raised."""
-        async for chat_event in call._events:
+        async for chat_event in call.chat_events():
             out = call._reader.read(chat_event)
             if out is None or out is False:
                 continue
