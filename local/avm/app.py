@@ -50,6 +50,7 @@ from agentvm.observability import tracing
 from agentvm.ports import Driver
 from agentvm.sandbox.quota import DiskPolicy, free_space
 from agentvm.sandbox.uids import ToolUids
+from agentvm.services.agent_models import AgentModels
 from agentvm.services.billing import BillingService
 from agentvm.services.chat import ChatService
 from agentvm.services.config import ConfigService, from_settings
@@ -234,6 +235,11 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
 
     chat = ChatService(services, HubFeeds(hub, sessions, max_queue=settings.send_queue_max))
     tokens = token_gateway(settings, drv, config, meter)
+
+    async def chat_for(_p: Principal) -> ChatService:
+        return chat
+
+    agent_models = AgentModels(chat_for)
     app = create_app(lifespan=lifespan, api=HttpApi(resources=lambda: services.resources,
                                                      principal_for=callers.principal, config=lambda: config,
                                                      admin_for=callers.admin, keys=lambda: key_service,
@@ -251,6 +257,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
                                                                    **tool_sandbox.health()},
                                                      token_gateway=lambda: tokens,
                                                      token_caller=callers.vendor_principal,
+                                                     agent_models=lambda: agent_models,
                                                      token_max_body_bytes=settings.token_api_max_body_bytes))
     app.add_api_websocket_route("/ws", endpoint)
     app.add_api_websocket_route("/", endpoint)

@@ -72,3 +72,24 @@ def test_an_origin_that_is_not_one_is_refused_naming_the_setting(value: str) -> 
 
 def test_several_origins_are_accepted() -> None:
     assert Settings(cors_origins=f"{CONSOLE}, http://localhost:5173").cors_origins
+
+
+async def test_a_page_may_send_and_read_an_agent_models_session_header(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    tokens = await _keys(data)
+    async with in_process(data, driver=ScriptedDriver(), auth="keys", cors_origins=CONSOLE) as srv, \
+            httpx.AsyncClient(base_url=srv.http, timeout=10) as http:
+        pre = await http.options("/v1/chat/completions", headers={
+            **_preflight(CONSOLE), "access-control-request-headers": "authorization, x-agentvm-session-id"})
+        assert pre.status_code == 200, pre.text
+        assert "x-agentvm-session-id" in pre.headers["access-control-allow-headers"].split(", ")
+        user = {"origin": CONSOLE, "authorization": f"Bearer {tokens['user']}"}
+        image = (await http.post("/v1/images", headers=user, json={"containerId": "c-cors"})).json()
+        asked = {"model": f"agent/{image['imageId']}", "messages": [{"role": "user", "content": "hi"}]}
+        got = await http.post("/v1/chat/completions", headers={**user, "x-agentvm-session-id": image["sessionId"]},
+                              json=asked)
+        assert got.status_code == 200, got.text
+        assert got.headers["x-agentvm-session-id"] == image["sessionId"]
+        exposed = set(got.headers["access-control-expose-headers"].split(", "))
+        assert {"x-agentvm-session-id", "x-agentvm-turn-id", "x-agentvm-cost-usd"} <= exposed

@@ -741,3 +741,36 @@ async def test_every_websocket_command_answers_another_tenants_ids_like_missing_
         history = (await w.a_ws.request("image_messages_request", {"imageId": a.image}))["data"]["messages"]
         assert len(history) == 4 and "B's" not in json.dumps(history)
         assert (await w.a_ws.request("container_list_request", {}))["data"]["containerIds"] == ["acme-box"]
+
+
+# `model: "agent/<imageId>"` on the token API (docs/token-api.md, Agents as models): A's image, or B's own
+# image with one of A's sessions (by the header, OpenAI's `user`, Anthropic's `metadata.user_id`)
+SAY = [{"role": "user", "content": "hi"}]
+AGENT_MODEL_CALLS: list[Build] = [
+    lambda a, own: Req("POST", "/v1/chat/completions", json={"model": f"agent/{a.image}", "messages": SAY}),
+    lambda a, own: Req("POST", "/v1/chat/completions", json={"model": f"agent/{a.image2}", "messages": SAY,
+                                                             "stream": True}),
+    lambda a, own: Req("POST", "/v1/messages", json={"model": f"agent/{a.image}", "max_tokens": 5, "messages": SAY}),
+    lambda a, own: Req("POST", "/v1/chat/completions", json={"model": f"agent/{own.image}", "messages": SAY},
+                       headers={"x-agentvm-session-id": a.session}),
+    lambda a, own: Req("POST", "/v1/chat/completions", json={"model": f"agent/{own.image}", "messages": SAY,
+                                                             "user": a.session2}),
+    lambda a, own: Req("POST", "/v1/messages", json={"model": f"agent/{own.image}", "max_tokens": 5,
+                                                     "messages": SAY, "metadata": {"user_id": a.session}}),
+]
+
+
+async def test_agent_models_answer_another_tenants_images_and_sessions_like_missing_ones(tmp_path: Path) -> None:
+    async with two_tenants(tmp_path) as w:
+        before = await w.a_view()
+        for who, token, own in w.others:
+            nobody = ghost()
+            for i, build in enumerate(AGENT_MODEL_CALLS):
+                theirs, missing = build(w.a, own), build(nobody, own)
+                got = await send(w.http, theirs, bearer(token))
+                want = await send(w.http, missing, bearer(token))
+                assert got.status_code == 404, (who, i, got.text)
+                used_a, used_ghost = carried(theirs.carries(), w.a), carried(missing.carries(), nobody)
+                assert outcome(got, used_a) == outcome(want, used_ghost), (who, i, got.text, want.text)
+                assert not leaks(got.text, w.a, used_a), (who, i, got.text)
+        assert await w.a_view() == before  # no turn of A's, nothing stored on A's sessions

@@ -76,3 +76,27 @@ async def test_the_openai_sdk_streams_from_the_cloud_and_the_call_is_metered(
     async with httpx.AsyncClient(base_url=base) as http:
         refused = await http.post("/v1/messages", json={"model": "scripted/echo", "max_tokens": 5, "messages": []})
     assert (refused.status_code, refused.json()["error"]["type"]) == (401, "authentication_error")
+
+
+async def test_an_agent_model_runs_a_turn_of_the_callers_image_in_the_cloud(
+        stream: tuple[str, dict[str, str]]) -> None:
+    base, tokens = stream
+    async with httpx.AsyncClient(base_url=base) as http:
+        made = await http.post("/v1/images", headers={"authorization": f"Bearer {tokens['alice']}"},
+                               json={"containerId": "c-cloud"})
+    assert made.status_code == 201, made.text
+    image, primary = made.json()["imageId"], made.json()["sessionId"]
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=tokens["alice"], max_retries=0)
+    raw = await client.chat.completions.with_raw_response.create(
+        model=f"agent/{image}", stream=True, messages=[{"role": "user", "content": "hello agent"}])
+    assert raw.headers["x-agentvm-session-id"] == primary
+    chunks = [c async for c in raw.parse()]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "You said: hello agent"
+    turn_id = raw.headers["x-agentvm-turn-id"]
+    turn = await cloud_runtime.runtime().store.get_turn("alice", turn_id)
+    assert turn is not None and (turn.status, turn.session_id, turn.image_id) == ("completed", primary, image)
+    with pytest.raises(openai.NotFoundError) as theirs:
+        await openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=tokens["bob"], max_retries=0
+                                 ).chat.completions.create(model=f"agent/{image}",
+                                                           messages=[{"role": "user", "content": "hi"}])
+    assert theirs.value.param == "model"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import APIRouter, Request
@@ -57,7 +58,11 @@ from agentvm.errors import (
     public_message,
 )
 from agentvm.money import money_text
+from agentvm.services.agent_models import is_agent_model
 from agentvm.services.token_gateway import Billed, GatewayCall, TokenGateway
+
+if TYPE_CHECKING:
+    from agentvm.services.agent_models import AgentModels
 
 _PASSED = ("messages", "system", "tools", "tool_choice", "stop_sequences", "temperature", "top_p")
 # fields a request may carry that change nothing here
@@ -66,6 +71,9 @@ _IGNORED = frozenset({"model", "max_tokens", "stream", "metadata", "service_tier
 
 def anthropic_error(exc: BaseException) -> JSONResponse:
     status, kind = 500, "api_error"
+    if isinstance(exc, AgentVMError):  # a class not named below keeps its own status (SecretsMissing 409, …)
+        status = exc.http_status
+        kind = "invalid_request_error" if status < 500 else kind
     headers: dict[str, str] = {}
     if isinstance(exc, Unauthorized):
         status, kind = 401, "authentication_error"
@@ -159,7 +167,9 @@ def _estimate_tokens(body: JSON) -> int:
     return max(1, len(orjson.dumps([p for p in parts if p is not None])) // 4)
 
 
-def anthropic_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -> APIRouter:
+def anthropic_router(gateway: Callable[[], TokenGateway], caller: TokenCaller,
+                     agents: Callable[[], AgentModels] | None = None) -> APIRouter:
+    """`agents`: `model: "agent/<imageId>"` runs a turn of the caller's image (None: no agent models)."""
     router = APIRouter(tags=["token API (Anthropic)"], responses=vendor_responses(ANTHROPIC_ERROR, streams=False))
 
     @router.post("/v1/messages", summary="Anthropic Messages over the catalog, metered",
@@ -167,7 +177,12 @@ def anthropic_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -
     async def messages(request: Request) -> Response:
         try:
             principal = await caller(request)
-            name, llm_request, stream = to_request(await json_body(request))
+            body = await json_body(request)
+            name, llm_request, stream = to_request(body)
+            if agents is not None and is_agent_model(name):
+                from agentvm.api.agent_http import anthropic_agent
+
+                return await anthropic_agent(agents(), principal, request, body, name, llm_request, stream)
             call = await gateway().start(principal, name, llm_request)
         except AgentVMError as exc:
             return anthropic_error(exc)

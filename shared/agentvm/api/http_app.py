@@ -33,6 +33,7 @@ from agentvm.services.resources import ResourceService
 
 if TYPE_CHECKING:
     from agentvm.ports import Store
+    from agentvm.services.agent_models import AgentModels
     from agentvm.services.billing import BillingService
     from agentvm.services.chat import ChatService
     from agentvm.services.keys import Caller, KeyService
@@ -87,6 +88,8 @@ class HttpApi:
     token_gateway: Callable[[], TokenGateway] | None = None
     token_caller: Callable[[Request], Awaitable[Principal]] | None = None
     token_max_body_bytes: int | None = None  # None: AVM_TOKEN_API_MAX_BODY_BYTES
+    # `model: "agent/<imageId>"` on the token API: a turn of the caller's image (None: not served)
+    agent_models: Callable[[], AgentModels] | None = None
 
 
 # Every error answer, request validation included: declared for each operation of the OpenAPI
@@ -234,9 +237,9 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             from agentvm.api.openai_http import openai_router
             from agentvm.api.openai_responses import responses_router
 
-            include(openai_router(api.token_gateway, api.token_caller))
+            include(openai_router(api.token_gateway, api.token_caller, api.agent_models))
             include(responses_router(api.token_gateway, api.token_caller))
-            include(anthropic_router(api.token_gateway, api.token_caller))
+            include(anthropic_router(api.token_gateway, api.token_caller, api.agent_models))
             token_limit = BodyLimit(_limit(api.token_max_body_bytes, "token_api_max_body_bytes"), _token_body_too_large)
             for path in TOKEN_PATHS:
                 limits[path] = token_limit
@@ -257,12 +260,16 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=CORS_METHODS,
-                           allow_headers=CORS_HEADERS, expose_headers=["retry-after", "x-request-id"], max_age=600)
+                           allow_headers=CORS_HEADERS, expose_headers=CORS_EXPOSED, max_age=600)
     return app
 
 
 CORS_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
-CORS_HEADERS = ["authorization", "content-type", "last-event-id", "x-request-id"]
+CORS_HEADERS = ["authorization", "content-type", "last-event-id", "x-request-id",
+                "x-agentvm-session-id"]  # the token API's agent models: the session to continue
+# answer headers a page may read: the token API's cost, call, and an agent model's session and turn
+CORS_EXPOSED = ["retry-after", "x-request-id", "x-agentvm-cost-usd", "x-agentvm-call-id", "x-agentvm-session-id",
+                "x-agentvm-turn-id"]
 
 
 def _env_origins() -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import APIRouter, Request
@@ -43,13 +44,20 @@ from agentvm.errors import (
     UpstreamError,
     public_message,
 )
+from agentvm.services.agent_models import is_agent_model
 from agentvm.services.token_gateway import Billed, GatewayCall, TokenGateway
+
+if TYPE_CHECKING:
+    from agentvm.services.agent_models import AgentModels
 
 OWNER = "agentvm"
 
 
 def openai_error(exc: BaseException) -> JSONResponse:
     status, kind, code, param = 500, "server_error", "internal_error", None
+    if isinstance(exc, AgentVMError):  # a class not named below keeps its own status (SecretsMissing 409, …)
+        status, code, param = exc.http_status, exc.code, exc.field
+        kind = "invalid_request_error" if status < 500 else kind
     headers: dict[str, str] = {}
     if isinstance(exc, Unauthorized):
         status, kind, code = 401, "invalid_request_error", "invalid_api_key"
@@ -77,7 +85,9 @@ def openai_error(exc: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
-def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -> APIRouter:
+def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller,
+                  agents: Callable[[], AgentModels] | None = None) -> APIRouter:
+    """`agents`: `model: "agent/<imageId>"` runs a turn of the caller's image (None: no agent models)."""
     router = APIRouter(tags=["token API (OpenAI)"], responses=vendor_responses(OPENAI_ERROR, streams=False))
     streamed = vendor_responses(OPENAI_ERROR, streams=True)
 
@@ -110,7 +120,12 @@ def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -> A
     async def chat_completions(request: Request) -> Response:
         try:
             principal = await caller(request)
-            asked = to_request(await json_body(request))
+            body = await json_body(request)
+            asked = to_request(body)
+            if agents is not None and is_agent_model(asked.model):
+                from agentvm.api.agent_http import openai_agent
+
+                return await openai_agent(agents(), principal, request, body, asked)
             call = await gateway().start(principal, asked.model, asked.request, max_tokens_param=asked.max_tokens_param)
         except AgentVMError as exc:
             return openai_error(exc)

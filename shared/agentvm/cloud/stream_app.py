@@ -293,6 +293,7 @@ def _create_stream_app(runtime: Any) -> FastAPI:
     from agentvm.api.http_app import HttpApi, create_app
     from agentvm.api.http_callers import HttpCallers
     from agentvm.cloud import runtime as cloud_runtime
+    from agentvm.services.agent_models import AgentModels
     from agentvm.services.chat import ChatService
     from agentvm.services.keys import KeyService
     from agentvm.services.resources import ResourceService
@@ -340,11 +341,19 @@ def _create_stream_app(runtime: Any) -> FastAPI:
         rt = _scope().rt
         return KeyService(rt.key_store, rt.authenticator)
 
+    async def chat_for(p: Principal) -> ChatService:
+        """The chat use case for a token API caller (`model: "agent/<imageId>"`): its tenant's scope."""
+        scope = _scope()
+        if scope.principal is None:
+            await scope.build(p)
+        return chat()
+
+    agent_models = AgentModels(chat_for)
     app = create_app(api=HttpApi(resources=resources, principal_for=principal_for, config=config,
                                  admin_for=callers.admin, services=services, chat=chat, probe=probe, keys=keys,
                                  key_caller=callers.key_caller, billing=lambda: _scope().rt.billing,
                                  turn_log=lambda: _scope().rt.store,
                                  token_gateway=lambda: _scope().rt.token_gateway,
-                                 token_caller=callers.vendor_principal))
+                                 token_caller=callers.vendor_principal, agent_models=lambda: agent_models))
     app.add_middleware(RequestScopes, runtime=get_runtime)
     return app
