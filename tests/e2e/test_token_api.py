@@ -121,11 +121,12 @@ def test_one_config_entry_adds_a_provider_and_its_priced_models_to_the_catalog(o
         assert list(models) == ["scripted/echo", "deepseek/deepseek-chat"]
         assert models["deepseek/deepseek-chat"].owned_by == "deepseek"
         assert models["deepseek/deepseek-chat"].model_extra["pricing"]["output"] == "1.10"  # type: ignore[index]
-        # no driver for its type in this build, or (once there is) no key: refused naming the provider
+        # its key is not set: refused naming the provider and the variable
         with pytest.raises(openai.APIStatusError) as refused:
             client.chat.completions.create(model="deepseek/deepseek-chat", messages=[{"role": "user", "content": "x"}])
         assert refused.value.status_code == 503
-        assert refused.value.body["message"].startswith("model: provider deepseek ")  # type: ignore[index]
+        assert refused.value.body["message"] == (  # type: ignore[index]
+            "model: provider deepseek's key (AVM_TEST_UNSET_KEY) is not set")
     finally:
         httpx.delete(f"{offline.http}/v1/config/llm.providers")
     assert [m.id for m in openai.OpenAI(base_url=f"{offline.http}/v1", api_key="k").models.list()] == ["scripted/echo"]
