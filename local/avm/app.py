@@ -128,7 +128,8 @@ def token_gateway(settings: Settings, driver: Driver, config: ConfigService, met
     async def catalog() -> tuple[ModelCatalog, Decimal]:
         return await config.catalog(anthropic=anthropic, anthropic_base_url=settings.llm_base_url)
 
-    return TokenGateway(catalog=catalog, drivers=drivers, meter=meter)
+    # the ledger is SQLite on one thread: a call's answer need not wait for its record's write
+    return TokenGateway(catalog=catalog, drivers=drivers, meter=meter, settle_after_answer=True)
 
 
 def auth_mode(settings: Settings) -> str:
@@ -243,6 +244,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
             await endpoint.drain()
             await sessions.shutdown()
             await mcp.close()
+            await tokens.drain()  # the token API's settles under way, before the ledger closes
             if token_lite is not None:
                 await token_lite.aclose()
             await store.close()
