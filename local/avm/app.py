@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI
@@ -65,17 +66,24 @@ from agentvm.tools.catalog import StdioSchemas, ToolCatalog
 from agentvm.tools.mcp import McpPool
 from agentvm.tools.provider import WorkspaceTools
 
+if TYPE_CHECKING:
+    from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
+
 log = logging.getLogger("agentvm.serve")
 
 MAINTENANCE_INTERVAL_S = 60.0
 CONSOLE_DIR = Path(__file__).with_name("console")  # the web console's files (docs/console.md)
 
 
+def _anthropic_key(settings: Settings) -> str | None:
+    explicit = settings.llm_api_key.get_secret_value() if settings.llm_api_key is not None else None
+    return EnvLLMProvider(ProcessEnv(), explicit=explicit).api_key_now()
+
+
 def build_driver(settings: Settings) -> Driver:
     """The Anthropic driver when a key is configured (Settings, else the process environment), else
     the offline scripted driver."""
-    explicit = settings.llm_api_key.get_secret_value() if settings.llm_api_key is not None else None
-    api_key = EnvLLMProvider(ProcessEnv(), explicit=explicit).api_key_now()
+    api_key = _anthropic_key(settings)
     if api_key:
         from agentvm.drivers.anthropic_sdk import AnthropicDriver
 
@@ -86,14 +94,27 @@ def build_driver(settings: Settings) -> Driver:
     return ScriptedDriver()
 
 
+def build_token_driver(settings: Settings) -> AnthropicLiteDriver | None:
+    """The token API's Anthropic driver when a key is configured: the httpx one (drivers/anthropic_lite.py,
+    the cloud's too), about 1 ms a call cheaper than the SDK's (docs/benchmarks.md, token API overhead);
+    agent turns keep the SDK driver."""
+    api_key = _anthropic_key(settings)
+    if not api_key:
+        return None
+    from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
+
+    return AnthropicLiteDriver(api_key, base_url=settings.llm_base_url, timeout_s=settings.llm_timeout_s,
+                               max_retries=settings.llm_max_retries)
+
+
 def driver_factories(settings: Settings) -> dict[str, DriverFactory]:
     """The driver families the token API's configured providers (`llm.providers`) may use, by kind."""
 
     def anthropic(spec: ProviderSpec, key: str | None) -> Driver:
-        from agentvm.drivers.anthropic_sdk import AnthropicDriver
+        from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
 
-        return AnthropicDriver(key or "", base_url=spec.base_url, timeout_s=settings.llm_timeout_s,
-                               max_retries=settings.llm_max_retries)
+        return AnthropicLiteDriver(key or "", base_url=spec.base_url, timeout_s=settings.llm_timeout_s,
+                                   max_retries=settings.llm_max_retries)
 
     return {"anthropic": anthropic,
             **upstream_factories(timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries)}
@@ -108,6 +129,7 @@ def token_gateway(settings: Settings, driver: Driver, config: ConfigService, met
     async def catalog() -> tuple[ModelCatalog, Decimal]:
         return await config.catalog(anthropic=anthropic, anthropic_base_url=settings.llm_base_url)
 
+    # the ledger is SQLite on one thread: a call's answer need not wait for its record's write
     return TokenGateway(catalog=catalog, drivers=drivers, meter=meter)
 
 
@@ -154,6 +176,9 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
     store = SqliteStore(settings.database_path())
     hub = LocalHub()
     drv = driver or build_driver(settings)
+    # a driver given (tests) serves the token API too; without a key the scripted one does
+    token_lite = build_token_driver(settings) if driver is None else None
+    token_drv: Driver = token_lite or drv
     default_model = settings.llm_model if drv.name != "scripted" else "scripted"
     options = EngineOptions(default_model=default_model, max_tokens=settings.llm_max_tokens,
                             flush_ms=settings.stream_flush_ms, max_flush_ms=settings.stream_max_flush_ms,
@@ -220,6 +245,9 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
             await endpoint.drain()
             await sessions.shutdown()
             await mcp.close()
+            await tokens.drain()  # the token API's settles under way, before the ledger closes
+            if token_lite is not None:
+                await token_lite.aclose()
             await store.close()
             # batched spans leave now: uvicorn ends the process by re-raising SIGTERM, with no atexit
             await asyncio.to_thread(tracing.flush)
@@ -234,7 +262,7 @@ def build_runtime(settings: Settings, *, driver: Driver | None = None,
     billing = BillingService(ledger, keys, meter)
 
     chat = ChatService(services, HubFeeds(hub, sessions, max_queue=settings.send_queue_max))
-    tokens = token_gateway(settings, drv, config, meter)
+    tokens = token_gateway(settings, token_drv, config, meter)
 
     async def chat_for(_p: Principal) -> ChatService:
         return chat

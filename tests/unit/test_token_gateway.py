@@ -3,6 +3,7 @@ model_drivers.py, token_gateway.py), over the real SQLite ledger."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
@@ -16,7 +17,7 @@ from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 from agentvm.api.openai_wire import to_request
 from agentvm.domain.models import Principal, Usage
-from agentvm.domain.usage import Budget, period_of
+from agentvm.domain.usage import Budget, UsageRecord, period_of
 from agentvm.drivers.base import DriverEvent, LLMRequest, MessageStart, MessageStop, TextDelta
 from agentvm.drivers.scripted import ScriptedDriver
 from agentvm.errors import InvalidRequest, NotConfigured, NotFound, QuotaExceeded, UpstreamError
@@ -144,11 +145,26 @@ class Slow:
         yield MessageStop("end_turn", Usage(1000, 40))
 
 
+class HeldLedger(SqliteUsageLedger):
+    """The SQLite ledger whose settles wait for `go` (a write that takes its time)."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.go = asyncio.Event()
+        self.settling = 0
+
+    async def settle(self, record: UsageRecord, *, reserved: Decimal, reserved_period: str, key_held: bool) -> bool:
+        self.settling += 1
+        await self.go.wait()
+        return await super().settle(record, reserved=reserved, reserved_period=reserved_period, key_held=key_held)
+
+
 @contextlib.asynccontextmanager
-async def gateway(tmp_path: Path, driver: object) -> AsyncIterator[tuple[TokenGateway, SqliteUsageLedger]]:
+async def gateway(tmp_path: Path, driver: object, *, held: bool = False
+                  ) -> AsyncIterator[tuple[TokenGateway, SqliteUsageLedger]]:
     store = SqliteStore(tmp_path / "agentvm.db")
     await store.open()
-    ledger = SqliteUsageLedger(store)
+    ledger = HeldLedger(store) if held else SqliteUsageLedger(store)
     catalog = build_catalog(DEFAULT_PRICES, {}, anthropic=True)
 
     async def current() -> tuple[ModelCatalog, Decimal]:
@@ -181,6 +197,25 @@ async def test_a_completed_call_yields_its_bill_and_writes_one_record(tmp_path: 
             Usage(1000, 40), Decimal("0.00120000"), Decimal("0.00126000"))
         assert await records(ledger) == [("anthropic", "claude-haiku-4-5", "completed", Usage(1000, 40),
                                           "0.00126000", False)]
+
+
+async def test_settled_before_the_answer_the_bill_waits_for_the_write(tmp_path: Path) -> None:
+    async with gateway(tmp_path, Slow(), held=True) as (gw, ledger):
+        assert isinstance(ledger, HeldLedger)
+        call = await gw.start(Principal("t1"), "claude-haiku-4-5", request())
+        seen: list[object] = []
+
+        async def consume() -> None:
+            async for event in call.events:
+                seen.append(event)
+
+        consuming = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.05)
+        # everything the provider said went out; the bill waits for the write
+        assert ledger.settling == 1 and not consuming.done() and isinstance(seen[-1], MessageStop)
+        ledger.go.set()
+        await asyncio.wait_for(consuming, 5)
+        assert isinstance(seen[-1], Billed) and len(await records(ledger)) == 1
 
 
 async def test_a_client_that_goes_away_is_billed_for_what_streamed_and_the_hold_is_given_back(

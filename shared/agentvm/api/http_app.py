@@ -199,6 +199,20 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         admin_for = None if api.admin_for is None else resolved_once(api.admin_for)
         key_caller = None if api.key_caller is None else resolved_once(api.key_caller)
         callers = [c for c in (principal_for, admin_for, key_caller) if c is not None]
+        if api.token_gateway is not None and api.token_caller is not None:
+            # each route reads its caller itself (no gate caller): its errors are in its vendor's shape.
+            # First: the router tries its routes in order, and these are the latency-bound ones (their
+            # paths are taken by no other route; docs/benchmarks.md, token API overhead)
+            from agentvm.api.anthropic_http import anthropic_router
+            from agentvm.api.openai_http import openai_router
+            from agentvm.api.openai_responses import responses_router
+
+            include(openai_router(api.token_gateway, api.token_caller, api.agent_models))
+            include(responses_router(api.token_gateway, api.token_caller))
+            include(anthropic_router(api.token_gateway, api.token_caller, api.agent_models))
+            token_limit = BodyLimit(_limit(api.token_max_body_bytes, "token_api_max_body_bytes"), _token_body_too_large)
+            for path in TOKEN_PATHS:
+                limits[path] = token_limit
         include(resources_router(api.resources, principal_for))
         if api.services is not None:  # a session host's (avm serve, chat_stream); http_api never loads them
             from agentvm.api.images_http import images_router
@@ -231,18 +245,6 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             if probe is None:
                 raise ValueError("the chat API needs a store probe for its health check")
             include(chat_router(api.chat, principal_for, probe=probe))
-        if api.token_gateway is not None and api.token_caller is not None:
-            # each route reads its caller itself (no gate caller): its errors are in its vendor's shape
-            from agentvm.api.anthropic_http import anthropic_router
-            from agentvm.api.openai_http import openai_router
-            from agentvm.api.openai_responses import responses_router
-
-            include(openai_router(api.token_gateway, api.token_caller, api.agent_models))
-            include(responses_router(api.token_gateway, api.token_caller))
-            include(anthropic_router(api.token_gateway, api.token_caller, api.agent_models))
-            token_limit = BodyLimit(_limit(api.token_max_body_bytes, "token_api_max_body_bytes"), _token_body_too_large)
-            for path in TOKEN_PATHS:
-                limits[path] = token_limit
         if api.metrics is not None or api.turn_log is not None:
             from agentvm.api.ops_http import ops_router
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -204,9 +205,17 @@ def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# How long the token API's catalog is reused before the layers are read again: a change made here
+# (`set`, `unset`) applies at once, one made elsewhere (another process or instance writing the same
+# store, an SSM parameter put by hand) within this. Reading the layers per call cost ~0.2 ms on
+# `avm serve` (docs/benchmarks.md, token API overhead).
+CATALOG_CACHE_S = 1.0
+
+
 class ConfigService:
     def __init__(self, keys: dict[str, ConfigKey], store: ConfigStore, env: Env, *,
-                 file: Path | None = None, overrides: Mapping[str, Any] | None = None) -> None:
+                 file: Path | None = None, overrides: Mapping[str, Any] | None = None,
+                 catalog_cache_s: float = CATALOG_CACHE_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.keys = keys
         self.store = store
         self.env = env
@@ -214,6 +223,11 @@ class ConfigService:
         self.overrides = dict(overrides or {})  # `avm serve` flags: part of the env layer
         self._file_values: dict[str, Any] | None = None
         self._ignored: set[tuple[str, str]] = set()  # invalid runtime values already logged
+        self._catalog_cache_s = catalog_cache_s
+        self._clock = clock
+        self._generation = 0  # changes made through this service; a cached catalog of another is stale
+        # (anthropic, its base URL): (generation, read at, (catalog, markup))
+        self._catalogs: dict[tuple[bool, str | None], tuple[int, float, tuple[ModelCatalog, Decimal]]] = {}
 
     # ---- layers ----------------------------------------------------------------------------------
 
@@ -332,13 +346,20 @@ class ConfigService:
             markup=Decimal(v["defaults.markup"]), prices=price_table(v["billing.prices"]))
 
     async def catalog(self, *, anthropic: bool, anthropic_base_url: str | None = None) -> tuple[ModelCatalog, Decimal]:
-        """The token API's model catalog as configured now, and the markup (services/model_catalog.py)."""
+        """The token API's model catalog as configured now, and the markup (services/model_catalog.py):
+        built again after a change made here, else reused for up to `CATALOG_CACHE_S`."""
         from agentvm.services.model_catalog import build_catalog
 
+        now, key, generation = self._clock(), (anthropic, anthropic_base_url), self._generation
+        cached = self._catalogs.get(key)
+        if cached is not None and cached[0] == generation and 0 <= now - cached[1] < self._catalog_cache_s:
+            return cached[2]
         v = _merged(await self.layers())
         catalog = build_catalog(price_table(v["billing.prices"]), v.get("llm.providers") or {}, anthropic=anthropic,
                                 anthropic_base_url=anthropic_base_url)
-        return catalog, Decimal(v["defaults.markup"])
+        built = catalog, Decimal(v["defaults.markup"])
+        self._catalogs[key] = (generation, now, built)
+        return built
 
     async def changes(self, limit: int = 100) -> list[ConfigChange]:
         return await self.store.changes(limit)
@@ -352,6 +373,7 @@ class ConfigService:
         text = orjson.dumps(checked).decode()
         change = ConfigChange(key.name, self._audit(key, before), self._audit(key, checked), actor, now_ms())
         await self.store.set_value(key.name, text, secret=key.secret, change=change)
+        self._generation += 1  # (after the write: a catalog read meanwhile was kept with the one before)
         return await self.describe(key.name)
 
     async def unset(self, name: str, *, actor: str) -> dict[str, Any]:
@@ -360,6 +382,7 @@ class ConfigService:
         if before is not None:
             change = ConfigChange(key.name, self._audit(key, before), None, actor, now_ms())
             await self.store.set_value(key.name, None, secret=key.secret, change=change)
+            self._generation += 1
         return await self.describe(key.name)
 
     # ---- helpers ---------------------------------------------------------------------------------

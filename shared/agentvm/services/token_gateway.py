@@ -101,7 +101,10 @@ class GatewayCall:
 
 class TokenGateway:
     """`catalog`: the catalog and markup as configured now; `drivers`: the provider registry; `meter`:
-    budgets, rate limits and the ledger (None: unmetered, as a runtime without a ledger)."""
+    budgets, rate limits and the ledger (None: unmetered, as a runtime without a ledger).
+
+    Every call is settled (its usage record written) before its answer ends, so a process killed right
+    after an answer never leaves that call unbilled; a failed, interrupted or cancelled call too."""
 
     def __init__(self, *, catalog: Callable[[], Awaitable[tuple[ModelCatalog, Decimal]]], drivers: ModelDrivers,
                  meter: CallMeter | None) -> None:
@@ -109,6 +112,11 @@ class TokenGateway:
         self._drivers = drivers
         self._meter = meter
         self._settling: set[asyncio.Future[None]] = set()  # settles under way (kept: a task is weakly held)
+
+    async def drain(self) -> None:
+        """Wait for the settles under way (a runtime stopping, before its ledger closes)."""
+        while self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
 
     async def models(self) -> list[CatalogModel]:
         catalog, _ = await self._catalog()
@@ -171,10 +179,15 @@ class TokenGateway:
             # shielded: a client that went away cancels the response, never the bill
             settling = asyncio.ensure_future(self._settle(turn, hold, model, billed, status))
             self._settling.add(settling)
-            settling.add_done_callback(self._settling.discard)
+            settling.add_done_callback(self._settled)
             await asyncio.shield(settling)
         if billed is not None and status == "completed":
             yield billed
+
+    def _settled(self, settling: asyncio.Future[None]) -> None:
+        self._settling.discard(settling)
+        if not settling.cancelled() and (exc := settling.exception()) is not None:
+            log.error("token API: a call's settle failed", exc_info=exc)
 
     async def _settle(self, turn: Turn, hold: Hold | None, model: CatalogModel, billed: Billed, status: str) -> None:
         if self._meter is None or hold is None:
