@@ -45,5 +45,7 @@ def test_quick_run_puts_every_turn_on_the_host_with_flat_counts(tmp_path: Path) 
     for key in ("ddb_write_requests", "ddb_metering_requests"):
         assert second[key] == third[key], key
     # units are sizes: the turn's events block holds as many text frames as the coalescing windows made
-    # (timing), so one session's block may cross a 1 KB boundary (+1 or 2 units in 5 sessions: 0.4)
-    assert abs(second["ddb_write_units"] - third["ddb_write_units"]) <= 0.4, (second, third)
+    # (timing: a loaded machine makes more windows), so each session's block may cross one 1 KB boundary
+    # (at most 1 unit a session on average; seen: 3 units in 5 sessions under a parallel `make test`).
+    # Growth with the conversation would add to every session's turn; the requests above are exact.
+    assert abs(second["ddb_write_units"] - third["ddb_write_units"]) <= 1.0, (second, third)
