@@ -189,11 +189,7 @@ def anthropic_router(gateway: Callable[[], TokenGateway], caller: TokenCaller,
         try:
             first = await first_event(call)
         except AgentVMError as exc:
-            await call.events.aclose()
             return anthropic_error(exc)
-        except BaseException:
-            await call.events.aclose()
-            raise
         if not stream:
             try:
                 done = await collect(replay(first, call))

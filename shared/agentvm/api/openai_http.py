@@ -133,11 +133,7 @@ def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller,
         try:
             first = await first_event(call)
         except AgentVMError as exc:
-            await call.events.aclose()
             return openai_error(exc)
-        except BaseException:
-            await call.events.aclose()
-            raise
         if not asked.stream:
             try:
                 done = await collect(replay(first, call))

@@ -129,11 +129,15 @@ async def collect(events: AsyncGenerator[DriverEvent | Billed, None]) -> Complet
 
 async def first_event(call: GatewayCall) -> DriverEvent | Billed | None:
     """The call's first event, before an answer starts: a failure before the provider streams anything is
-    answered with its status, not inside a 200 stream. None: the stream ended at once."""
+    answered with its status, not inside a 200 stream (the call's events are closed: its hold settled).
+    None: the stream ended at once."""
     try:
         return await call.events.__anext__()
     except StopAsyncIteration:
         return None
+    except BaseException:
+        await call.events.aclose()
+        raise
 
 
 async def replay(first: DriverEvent | Billed | None, call: GatewayCall) -> AsyncGenerator[DriverEvent | Billed, None]:

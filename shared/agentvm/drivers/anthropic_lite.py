@@ -68,8 +68,9 @@ _LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 _sleep = asyncio.sleep
 
 
-class _StatusFailure(Exception):
-    """An HTTP error response, with what the retry decision needs from its headers."""
+class StatusFailure(Exception):
+    """An HTTP error response, with what the retry decision needs from its headers (also the
+    OpenAI-compatible driver's)."""
 
     def __init__(self, error: UpstreamError, retry_after_s: float | None, should_retry: str | None) -> None:
         super().__init__(error.message)
@@ -263,7 +264,7 @@ class AnthropicLiteDriver:
                         yielded = True
                         yield event
                 return
-            except _StatusFailure as failure:
+            except StatusFailure as failure:
                 error = failure.error
                 retry_after = failure.retry_after_s
                 veto = failure.should_retry == "false"
@@ -281,7 +282,7 @@ class AnthropicLiteDriver:
             if not response.is_success:
                 await response.aread()
                 body = _json_or_text(response.text)
-                raise _StatusFailure(self._status_error(response.status_code, body),
+                raise StatusFailure(self._status_error(response.status_code, body),
                                      retry_after_s(response.headers), response.headers.get("x-should-retry"))
             parser = SSEParser()
             mapper = _EventMapper()

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from agentvm.drivers.anthropic_common import CODE_BY_STATUS, redact
-from agentvm.drivers.anthropic_lite import retry_after_s, retry_delay_s
+from agentvm.drivers.anthropic_lite import StatusFailure, retry_after_s, retry_delay_s
 from agentvm.drivers.base import DriverEvent, LLMRequest
 from agentvm.drivers.openai_wire import ChunkMapper, chat_body
 from agentvm.drivers.sse import SSEParser
@@ -52,14 +52,6 @@ _LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 
 # Sleeps between attempts go through here (tests replace it to observe the delays).
 _sleep = asyncio.sleep
-
-
-class _StatusFailure(Exception):
-    def __init__(self, error: UpstreamError, retry_after: float | None, should_retry: str | None) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.retry_after = retry_after
-        self.should_retry = should_retry
 
 
 def _json_or_text(text: str) -> Any:
@@ -145,8 +137,8 @@ class OpenAICompatDriver:
                         yielded = True
                         yield event
                 return
-            except _StatusFailure as failure:
-                error, retry_after, veto = failure.error, failure.retry_after, failure.should_retry == "false"
+            except StatusFailure as failure:
+                error, retry_after, veto = failure.error, failure.retry_after_s, failure.should_retry == "false"
             except UpstreamError as exc:
                 error = exc
             except Exception as exc:
@@ -162,7 +154,7 @@ class OpenAICompatDriver:
         async with self._get_client().stream("POST", self._url, content=content) as response:
             if not response.is_success:
                 await response.aread()
-                raise _StatusFailure(self.status_error(response.status_code, _json_or_text(response.text)),
+                raise StatusFailure(self.status_error(response.status_code, _json_or_text(response.text)),
                                      retry_after_s(response.headers), response.headers.get("x-should-retry"))
             parser = SSEParser()
             async for chunk in response.aiter_bytes():
