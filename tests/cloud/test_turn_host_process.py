@@ -155,7 +155,10 @@ async def test_no_host_then_a_host_takes_new_turns_with_the_same_events(stack: S
 
 
 async def test_a_host_at_capacity_refuses_and_the_other_turn_runs_on_chat_turn_at_once(stack: Stack) -> None:
-    async with StockClient(stack.edge.url) as c, turn_host(stack, AVM_TURN_HOST_CAPACITY="1"):
+    # a 2 s heartbeat (live 6 s): with the file's 0.5 s one, a heartbeat late by a loaded machine made the
+    # idle host look dead when the first turn was dispatched, which then ran on chat_turn instead
+    async with StockClient(stack.edge.url) as c, turn_host(stack, AVM_TURN_HOST_CAPACITY="1",
+                                                           AVM_TURN_HOST_HEARTBEAT_S="2"):
         busy, other = await c.new_image("c-busy", model=MODEL), await c.new_image("c-other", model=MODEL)
         start = len(c.events)
         await c.request("message_send_request", {"imageId": busy["imageId"], "content": "slow and long"})
