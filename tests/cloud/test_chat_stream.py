@@ -5,22 +5,15 @@ tenant's ids as not found; `/v1/images` and `/v1/sessions` are served per tenant
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-import uvicorn
 from httpx_sse import aconnect_sse
 
-from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
-from agentvm.auth.api_keys import new_key
-from agentvm.cloud import runtime as cloud_runtime
-from agentvm.cloud.stream_app import create_stream_app
-from tests.support.servers import free_port
+from tests.support.stream_server import stream_server
 from tests.support.wire import watch_chat_feed
 
 
@@ -32,34 +25,8 @@ def _session_events_match_the_models(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 async def stream(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
                  ) -> AsyncIterator[tuple[str, dict[str, str]]]:
-    monkeypatch.setenv("AVM_TABLE_NAME", f"agentvm-{uuid.uuid4().hex[:16]}")
-    monkeypatch.setenv("AVM_AWS_ENDPOINT_URL", moto_endpoint)
-    monkeypatch.setenv("AVM_WS_ENDPOINT", moto_endpoint)
-    cloud_runtime.reset()
-    rt = cloud_runtime.runtime()
-    await rt.ready()
-    await rt.store.create_table()
-    tokens = {}
-    for tenant in ("alice", "bob"):
-        record, token = new_key(tenant)
-        await DynamoDBKeys(rt.store).put_key(record)
-        tokens[tenant] = token
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_stream_app(), host="127.0.0.1", port=port, lifespan="off",
-                                           log_config=None, access_log=False))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    task = asyncio.get_running_loop().create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}", tokens
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
-        await rt.store.close()
-        cloud_runtime.reset()
+    async with stream_server(moto_endpoint, monkeypatch, ("alice", "bob")) as served:
+        yield served
 
 
 def auth(token: str) -> dict[str, str]:

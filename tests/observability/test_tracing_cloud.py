@@ -5,32 +5,26 @@ minute: only the handlers' flush sends them)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from httpx_sse import aconnect_sse
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from agentvm.adapters.aws.dynamodb_keys import DynamoDBKeys
-from agentvm.auth.api_keys import new_key
 from agentvm.cloud import runtime as cloud_runtime
-from agentvm.cloud.stream_app import create_stream_app
 from agentvm.observability import tracing
 from tests.aws_fixtures import moto_table, put_new_key, without_agentvm_env
 from tests.support.cloud_edge import CloudEdge, cloud_edge, load_handler
 from tests.support.scripts import reference_driver
-from tests.support.servers import free_port
 from tests.support.spans import named, one, parent_id, span_id, wait_spans
 from tests.support.stock_client import StockClient
+from tests.support.stream_server import stream_server
 
 TENANT = "tenant-otel"
 EVENTS = Path(__file__).resolve().parents[1] / "cloud" / "events"
@@ -143,31 +137,8 @@ def test_an_invocation_continues_the_callers_trace(spans: InMemorySpanExporter) 
 async def stream_app(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch,
                      batched: InMemorySpanExporter) -> AsyncIterator[tuple[str, str]]:
     """chat_stream's app under uvicorn (as behind the Lambda Web Adapter), built with traces on."""
-    monkeypatch.setenv("AVM_TABLE_NAME", f"agentvm-{uuid.uuid4().hex[:16]}")
-    monkeypatch.setenv("AVM_AWS_ENDPOINT_URL", moto_endpoint)
-    monkeypatch.setenv("AVM_WS_ENDPOINT", moto_endpoint)
-    cloud_runtime.reset()
-    rt = cloud_runtime.runtime()
-    await rt.ready()
-    await rt.store.create_table()
-    record, token = new_key(TENANT)
-    await DynamoDBKeys(rt.store).put_key(record)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_stream_app(), host="127.0.0.1", port=port, lifespan="off",
-                                           log_config=None, access_log=False))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    task = asyncio.get_running_loop().create_task(server.serve())
-    for _ in range(500):
-        if server.started:
-            break
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}", token
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
-        await rt.store.close()
-        cloud_runtime.reset()
+    async with stream_server(moto_endpoint, monkeypatch, (TENANT,)) as (url, tokens):
+        yield url, tokens[TENANT]
 
 
 async def test_chat_stream_flushes_a_requests_spans_and_its_turns(stream_app: tuple[str, str],
