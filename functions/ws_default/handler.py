@@ -26,9 +26,9 @@ from agentvm.cloud.runtime import run, runtime
 obs = observe("ws_default")
 
 
-async def _frame(connection_id: str, body: str | bytes) -> None:
+async def _frame(connection_id: str, body: str | bytes, received_ms: int | None) -> None:
     rt = await runtime().ready()
-    await ws_routes.frame(rt, connection_id, body, obs.metric)
+    await ws_routes.frame(rt, connection_id, body, obs.metric, received_ms=received_ms)
 
 
 @obs.handler
@@ -36,7 +36,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, int]:
     body: str | bytes = event.get("body") or ""
     if event.get("isBase64Encoded") and isinstance(body, str):
         body = base64.b64decode(body)
-    run(_frame(event["requestContext"]["connectionId"], body))
+    ctx = event["requestContext"]
+    received = ctx.get("requestTimeEpoch")
+    run(_frame(ctx["connectionId"], body, received if isinstance(received, int) else None))
     return {"statusCode": 200}
 
 

@@ -19,7 +19,7 @@ from agentvm.domain.usage import Budget, Spend, UsageRecord
 from agentvm.drivers.base import LLMRequest
 from agentvm.money import Cost
 from agentvm.services.metering import Meter
-from tests.adapters.test_usage_ledger import NOV, P_NOV, _record
+from tests.adapters.test_usage_ledger import NOV, P_NOV, SEP_1, _record
 from tests.aws_fixtures import moto_table
 
 HELD = Decimal("0.50")
@@ -83,7 +83,7 @@ async def _hold(ledger: DynamoDBUsageLedger, rec: UsageRecord, *, key_cap: Decim
 
 
 async def _records(ledger: DynamoDBUsageLedger) -> list[UsageRecord]:
-    return await ledger.list_usage("t1", since_ms=0, until_ms=NOV + 1)
+    return await ledger.list_usage("t1", since_ms=SEP_1, until_ms=NOV + 1)
 
 
 async def test_window_1_dead_during_the_call_the_hold_is_released(dynamodb: DynamoDBStore) -> None:
@@ -191,4 +191,4 @@ async def test_window_6_a_failed_counter_update_is_completed_by_the_meters_secon
                              usage=Usage(10, 20), cost=Cost(COST / Decimal("1.05"), COST), status="completed")
     real = DynamoDBUsageLedger(dynamodb)
     assert await real.spend("t1", None, P_NOV) == Spend(COST, Decimal(0))
-    assert await real.list_usage("t1", since_ms=0, until_ms=NOV + 1) == [rec]
+    assert await real.list_usage("t1", since_ms=SEP_1, until_ms=NOV + 1) == [rec]

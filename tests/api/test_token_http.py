@@ -37,7 +37,7 @@ async def test_a_client_that_leaves_mid_stream_is_billed_once_as_interrupted(tmp
             records: list[dict[str, object]] = []
             for _ in range(100):
                 ledger = srv.runtime.services.deps.meter.ledger  # type: ignore[union-attr]
-                found = await ledger.list_usage(None, since_ms=0, until_ms=now_ms() + 1000)
+                found = await ledger.list_usage(None, since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1000)
                 records = [r.to_wire() for r in found if r.turn_id == call]
                 if records:
                     break

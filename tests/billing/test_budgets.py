@@ -220,7 +220,7 @@ class MeteredDriver:
 
 async def _ledger_total(srv: Any) -> Decimal:
     meter = srv.runtime.services.deps.meter
-    records = await meter.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+    records = await meter.ledger.list_usage("local", since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1)
     return sum((r.billed_cost for r in records), Decimal(0))
 
 

@@ -97,7 +97,7 @@ async def test_a_month_of_traffic_bills_reported_tokens_at_list_price_times_mark
         period = period_of(now_ms())
         ledger = srv.runtime.services.deps.meter
         assert ledger is not None
-        records = await ledger.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+        records = await ledger.ledger.list_usage("local", since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1)
         calls = sum(n * len(REPORTED[k]) for k, n in TRAFFIC.items())
         assert len(records) == calls == 7 + 11 + 3 + 8 + 2  # one record per LLM call that reported usage
         assert len({r.record_id for r in records}) == calls
@@ -121,6 +121,13 @@ async def test_a_month_of_traffic_bills_reported_tokens_at_list_price_times_mark
                                            "cacheWriteTokens": 7 * 800 + 3 * 10007}
         assert [row["model"] for row in usage["rows"]] == [
             "claude-haiku-4-5", "claude-opus-4-1", "claude-sonnet-4-5", "claude-sonnet-4-5-20250929"]
+        # a range wider than a year is refused: each of its months is a ledger read on DynamoDB
+        year = 366 * 86_400_000
+        assert (await http.get("/v1/usage", params={"since": now_ms() - year, "until": now_ms()})).status_code == 200
+        wide = await http.get("/v1/usage", params={"since": 0})
+        assert (wide.status_code, wide.json()) == (400, {"error": {
+            "code": "invalid_request", "field": "since", "message": "since: a range of at most 366 days (ask one "
+            "year at a time, or export months with /v1/usage/export)"}})
 
         jsonl = await http.get("/v1/usage/export", params={"period": period, "format": "jsonl"})
         lines = [orjson.loads(line) for line in jsonl.text.splitlines()]
@@ -184,7 +191,7 @@ async def test_a_container_tier_turn_records_its_calls_and_its_free_sandbox_time
         assert (done["status"], done["tier"]) == ("completed", "container")
         meter = srv.runtime.services.deps.meter
         assert meter is not None
-        records = await meter.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+        records = await meter.ledger.list_usage("local", since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1)
         llm = [r for r in records if r.kind == "llm"]
         [sandbox] = [r for r in records if r.kind == "sandbox"]
         # the first call ran in the function tier and escalated; the second in the container tier

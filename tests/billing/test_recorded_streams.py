@@ -103,7 +103,7 @@ async def _turn(srv: InProcess, fake: FakeAnthropic, stream: RawStream) -> tuple
     result = dict(r.json())
     meter = srv.runtime.services.deps.meter
     assert meter is not None
-    records = await meter.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+    records = await meter.ledger.list_usage("local", since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1)
     [record] = [x for x in records if x.record_id == f"{result['turn_id']}#llm#1"]
     return result, record
 

@@ -165,6 +165,29 @@ async def test_an_auth_frame_after_the_deadline_is_refused(cloud: Cloud) -> None
         await refused(cloud, client, cid, f"API key required: no auth frame within {AUTH_TIMEOUT_S:g} s", within_s=5)
 
 
+async def test_an_auth_frame_received_in_time_authenticates_however_late_it_is_handled(
+        cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadline judges when API Gateway received the frame (`requestTimeEpoch`), not when a loaded
+    function got to it: a slow read of the connection's record must not refuse a client that was on time."""
+    before = cloud.edge.connection_ids()
+    async with StockClient(cloud.edge.url) as client:
+        cid = await only_connection(cloud, before)
+        read = DynamoDBConnections.get_connection
+
+        async def slow(self: DynamoDBConnections, connection_id: str) -> ConnectionRecord | None:
+            await asyncio.sleep(AUTH_TIMEOUT_S + 0.3)
+            return await read(self, connection_id)
+
+        monkeypatch.setattr(DynamoDBConnections, "get_connection", slow)
+        await client.send_raw(auth(cloud.token))
+        await cloud.edge.settle(include_invokes=True)
+        monkeypatch.setattr(DynamoDBConnections, "get_connection", read)
+        record = await cloud.registry.get_connection(cid)
+        assert record is not None and record.authenticated and record.tenant_id == TENANT
+        assert (await client.request("container_list_request"))["type"] == "container_list_response"
+        assert not any(e["type"] == "system_error" for e in client.events)
+
+
 async def test_a_bad_key_on_the_upgrade_is_still_refused_at_connect(cloud: Cloud) -> None:
     for url in (f"{cloud.edge.url}?token=avmk_000000000000.nope", f"{cloud.edge.url}?token={cloud.token[:-3]}AAA"):
         with pytest.raises(InvalidStatus) as info:

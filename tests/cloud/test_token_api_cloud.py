@@ -34,10 +34,10 @@ async def test_the_openai_sdk_streams_from_the_cloud_and_the_call_is_metered(
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "You said: hello cloud"
     assert chunks[-1].usage is not None and chunks[-1].usage.model_extra == {"cost": "0.00000000"}
     ledger = cloud_runtime.runtime().meter.ledger
-    alice = await ledger.list_usage("alice", since_ms=0, until_ms=now_ms() + 1000)
+    alice = await ledger.list_usage("alice", since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1000)
     assert [(r.provider, r.model, r.tier, r.status, r.key_id) for r in alice] == [
         ("scripted", "scripted", "api", "completed", tokens["alice"].split(".")[0])]
-    assert await ledger.list_usage("bob", since_ms=0, until_ms=now_ms() + 1000) == []
+    assert await ledger.list_usage("bob", since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1000) == []
     with pytest.raises(openai.AuthenticationError):
         await openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="avmk_000000000000.nope", max_retries=0
                                  ).models.list()

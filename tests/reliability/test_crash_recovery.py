@@ -408,7 +408,7 @@ async def _chat_turn_killed_mid_turn(rt: cloud_runtime.CloudRuntime, log: Binary
 
     # usage: the killed call left no record and its hold is given back; the next turn's call has a
     # record, and the month's counter is exactly its cost
-    records = await ledger.list_usage(TENANT, since_ms=0, until_ms=now_ms() + 1)
+    records = await ledger.list_usage(TENANT, since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1)
     assert [(r.turn_id, r.record_id.split("#", 1)[1]) for r in records] == [(turn2.turn_id, "llm#1")]
     assert await ledger.spend(TENANT, None, period) == Spend(records[0].billed_cost, Decimal(0))
     assert records[0].billed_cost > 0

@@ -153,7 +153,7 @@ class Rig:
     async def usage_records(self, turn_id: str) -> list[UsageRecord]:
         meter = self.srv.runtime.services.deps.meter
         assert meter is not None
-        records = await meter.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+        records = await meter.ledger.list_usage("local", since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1)
         return [r for r in records if r.turn_id == turn_id]
 
     async def history(self) -> list[dict[str, Any]]:

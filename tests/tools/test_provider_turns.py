@@ -103,7 +103,7 @@ async def _run_turn(tmp_path: Path, driver: Driver) -> tuple[list[dict[str, Any]
                if "seq" in e and e["type"] not in ("message_persisted", "user_message")]
         meter = srv.runtime.services.deps.meter
         assert meter is not None
-        records = await meter.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+        records = await meter.ledger.list_usage("local", since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1)
     aclose = getattr(driver, "aclose", None)
     if aclose is not None:
         await aclose()
@@ -213,7 +213,7 @@ async def test_a_stream_that_breaks_bills_the_output_streamed(tmp_path: Path, ki
             events = await client.turn(image["imageId"], "hello")
             meter = srv.runtime.services.deps.meter
             assert meter is not None
-            records = await meter.ledger.list_usage("local", since_ms=0, until_ms=now_ms() + 1)
+            records = await meter.ledger.list_usage("local", since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1)
         aclose = getattr(driver, "aclose", None)
         if aclose is not None:
             await aclose()

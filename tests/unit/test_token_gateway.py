@@ -182,7 +182,7 @@ def request(max_tokens: int = 100) -> LLMRequest:
 
 
 async def records(ledger: SqliteUsageLedger, tenant: str = "t1") -> list[tuple[str, str, str, Usage, str, bool]]:
-    found = await ledger.list_usage(tenant, since_ms=0, until_ms=now_ms() + 1000)
+    found = await ledger.list_usage(tenant, since_ms=now_ms() - 86_400_000, until_ms=now_ms() + 1000)
     return [(r.provider, r.model or "", r.status, r.usage, str(r.billed_cost), r.estimated) for r in found]
 
 

@@ -111,24 +111,27 @@ class ConnectionHandshake:
     on_authenticated: Callable[[], None] = lambda: None
     on_refused: Callable[[str], None] = lambda why: None
 
-    async def admit(self, connection_id: str, body: str | bytes) -> ConnectionRecord | None:
+    async def admit(self, connection_id: str, body: str | bytes, received_ms: int | None = None
+                    ) -> ConnectionRecord | None:
         """The connection's record to handle the frame under, once it is authenticated; None when
         there is nothing more to do (the connection is unknown or refused, or this was its `auth`
-        frame)."""
+        frame). `received_ms`: when the frame arrived (the deadline judges its arrival, not how long
+        the record's read took under load); now when not given."""
+        received_ms = now_ms() if received_ms is None else received_ms
         record = await self.connections.get_connection(connection_id)
         if record is None:  # its record expired or $connect never completed
             await self.gateway.post(connection_id, unauthorized_frame(NOT_CONNECTED))
             return None
         if record.authenticated:
             return record
-        return await self._pending(record, body)
+        return await self._pending(record, body, received_ms)
 
-    async def _pending(self, record: ConnectionRecord, body: str | bytes) -> ConnectionRecord | None:
+    async def _pending(self, record: ConnectionRecord, body: str | bytes, received_ms: int) -> ConnectionRecord | None:
         cid = record.connection_id
         deadline = record.connected_at + int(self.timeout_s * 1000)
         frame = read_auth_frame(body)
         if frame.is_auth:
-            if now_ms() > deadline:
+            if received_ms > deadline:
                 await self._refuse(cid, timeout_reason(self.timeout_s), "auth_timeout")
             elif frame.headers is None:
                 await self._refuse(cid, frame.refusal, "not_authenticated")

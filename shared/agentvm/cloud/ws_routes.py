@@ -73,16 +73,17 @@ async def connect(rt: CloudRuntime, connection_id: str, headers: Mapping[str, st
 
 
 async def frame(rt: CloudRuntime, connection_id: str, body: str | bytes, metric: Metric = no_metric, *,
-                role: str = "ws_default") -> ConnectionRecord | None:
+                role: str = "ws_default", received_ms: int | None = None) -> ConnectionRecord | None:
     """Handle one inbound frame; the connection's record when it was handled as an authenticated
-    connection's frame, None when the handshake took it (an `auth` frame, a refusal)."""
+    connection's frame, None when the handshake took it (an `auth` frame, a refusal). `received_ms`:
+    when the front received it (API Gateway's `requestTimeEpoch`), for the auth deadline."""
     # imported here: `connect` and `disconnect` never load the router (ws_default loads it at init)
     from agentvm.api.ws_auth import ConnectionHandshake
 
     handshake = ConnectionHandshake(
         rt.registry, rt.gateway, rt.authenticator, rt.settings.auth_timeout_s,
         on_refused=lambda why: metric("ConnectionsRefused", Count, 1))  # the reason is in its log line
-    record = await handshake.admit(connection_id, body)
+    record = await handshake.admit(connection_id, body, received_ms)
     if record is None:
         return None
     inv = rt.invocation(record.tenant_id, role=role)

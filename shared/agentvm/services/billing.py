@@ -27,6 +27,11 @@ _PERIOD = re.compile(r"^(\d{4})-(\d{2})(?:-(\d{2}))?$")
 MAX_BUDGET = Decimal(1_000_000_000)
 
 
+#: The widest `usage` range: the DynamoDB ledger reads one partition per month of the range, so an
+#: unbounded one (`since=0`: 684 months) would cost hundreds of queries per request.
+MAX_USAGE_RANGE_MS = 366 * 86_400_000
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """A billing period: a UTC month (`2026-11`) or day (`2026-11-05`), as epoch-ms bounds."""
@@ -147,6 +152,9 @@ class BillingService:
                                      field="groupBy")
         if until_ms <= since_ms:
             raise InvalidRequest("until: must be after since", field="until")
+        if until_ms - since_ms > MAX_USAGE_RANGE_MS:
+            raise InvalidRequest(f"since: a range of at most {MAX_USAGE_RANGE_MS // 86_400_000} days (ask one year at "
+                                 "a time, or export months with /v1/usage/export)", field="since")
         records = await self.ledger.list_usage(tenant_id, since_ms=since_ms, until_ms=until_ms)
         total = aggregate(records, ())
         return {"since": since_ms, "until": until_ms, "groupBy": list(group_by),

@@ -41,9 +41,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from agentvm.api.ws_auth import timeout_reason
+from agentvm.api.ws_auth import read_auth_frame, timeout_reason
 from agentvm.cloud import ws_routes
 from agentvm.domain.turn_hosts import host_connection_id
+from agentvm.ids import now_ms
 from agentvm.protocol.frames import GOING_AWAY, INTERNAL_ERROR, POLICY_VIOLATION, TRY_AGAIN_LATER
 
 if TYPE_CHECKING:
@@ -165,6 +166,7 @@ class HostFront:
         self.healthy = healthy
         self.max_age_s = max_age_s
         self._inflight: set[asyncio.Task[None]] = set()
+        self._auth_timers: dict[str, asyncio.TimerHandle] = {}
         #: upgrades accepted and refused, frames handled (acks dropped apart)
         self.counts: dict[str, int] = {"accepted": 0, "refused": 0, "frames": 0, "acks": 0}
 
@@ -201,11 +203,13 @@ class HostFront:
         timers = [loop.call_later(self.max_age_s, self._expire, cid)]
         if not done.authenticated:
             timers.append(loop.call_later(self.rt.settings.auth_timeout_s, self._auth_deadline, cid))
+            self._auth_timers[cid] = timers[-1]
         try:
             await self._read(ws, cid, sock)
         finally:
             for timer in timers:
                 timer.cancel()
+            self._auth_timers.pop(cid, None)
             if sock.closing is not None:  # let the pump write what was queued and the close frame
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(sock.done.wait(), 2)
@@ -253,16 +257,23 @@ class HostFront:
                 room.release()
                 continue
             self.counts["frames"] += 1
+            received_ms = now_ms()
+            timer = self._auth_timers.get(cid)
+            if timer is not None and read_auth_frame(body).is_auth:
+                # the handshake answers an auth frame that came in time (accepted or refused), however
+                # long its key check takes: the deadline no longer applies
+                timer.cancel()
+                del self._auth_timers[cid]
             # frames run concurrently, as API Gateway's $default invocations do; a frame accepted
             # before a disconnect is still handled (its message stored, its turn run)
-            task = loop.create_task(self._frame(cid, body))
+            task = loop.create_task(self._frame(cid, body, received_ms))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             task.add_done_callback(lambda _: room.release())
 
-    async def _frame(self, cid: str, body: str | bytes) -> None:
+    async def _frame(self, cid: str, body: str | bytes, received_ms: int) -> None:
         try:
-            await ws_routes.frame(self.rt, cid, body, self.metric, role="turn_host_front")
+            await ws_routes.frame(self.rt, cid, body, self.metric, role="turn_host_front", received_ms=received_ms)
         except Exception:
             log.exception("a frame could not be handled", extra={"connection_id": cid})
             await self.sockets.post(cid, json.dumps({"message": "Internal server error", "connectionId": cid,
