@@ -362,6 +362,13 @@ class McpConnection:
                                             "duration_ms": int((time.monotonic() - started) * 1000)})
         return ToolOutcome(render_result(result), is_error=result.is_error)
 
+    async def settled(self) -> None:
+        """Wait (at most the stop grace) for the connection's task to record how it ended: the transport's
+        end makes it not `running` a moment before `failure` is set."""
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=_STOP_GRACE_S)
+
     def down(self, label: str) -> ToolOutcome:
         """The outcome of a call to a server that is not running (the model is told once per death)."""
         self.failure_reported = True
@@ -682,6 +689,7 @@ class McpTools:
             return self.unknown(name) or unavailable(name)
         conn = self._connections[route.server]
         if not conn.running:
+            await conn.settled()
             if conn.failure is not None and not conn.failure_reported:
                 return conn.down(name)
             revived = await self._pool.connect(self._prefix, conn.config, self._launch)
