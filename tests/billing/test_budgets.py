@@ -128,7 +128,7 @@ def test_the_worst_case_bounds_input_by_bytes_and_media_by_block() -> None:
     image = LLMRequest(MODEL, [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A" * 1_000_000}}]}],
         max_tokens=10)
-    from agentvm.services.metering import IMAGE_TOKENS, worst_input_tokens
+    from agentvm.drivers.token_bounds import IMAGE_TOKENS, worst_input_tokens
 
     assert worst_input_tokens(text) >= 200  # two UTF-8 bytes per é: never fewer tokens than bytes
     assert IMAGE_TOKENS <= worst_input_tokens(image) < IMAGE_TOKENS + 100
@@ -201,7 +201,7 @@ class MeteredDriver:
 
     async def stream(self, request: LLMRequest) -> Any:
         from agentvm.drivers.base import MessageStart, MessageStop, TextDelta
-        from agentvm.services.metering import worst_input_tokens
+        from agentvm.drivers.token_bounds import worst_input_tokens
 
         index = len(self.requests)
         self.requests.append(request)
@@ -313,7 +313,7 @@ async def test_one_overrun_among_concurrent_turns_overshoots_by_at_most_its_exce
 
 
 def test_the_input_bound_per_block_type() -> None:
-    from agentvm.services.metering import IMAGE_TOKENS, TOOL_SYSTEM_TOKENS, context_window, worst_input_tokens
+    from agentvm.drivers.token_bounds import IMAGE_TOKENS, TOOL_SYSTEM_TOKENS, context_window, worst_input_tokens
 
     def bound(content: Any, model: str = MODEL, **kw: Any) -> int:
         return worst_input_tokens(LLMRequest(model, [{"role": "user", "content": content}], max_tokens=10, **kw))

@@ -33,6 +33,9 @@ API_KEY = "sk-ant-recorded-Jx72mQp4"
 STREAMS = Path(__file__).resolve().parents[1] / "fixtures" / "anthropic_streams"
 MAX_TOKENS = 4096
 
+# A call that started but never reported an input count is billed its request's input bound
+# (drivers/token_bounds.worst_input_tokens: these turns' system prompt and task at a token per byte)
+INPUT_BOUND = 140
 # fixture -> (billed usage: input, output, cache read, cache write; estimated; how the call ended; model)
 COMPLETE: dict[str, tuple[Usage, bool, str]] = {
     "sdk_basic_response": (Usage(11, 6), False, "claude-3-opus-latest"),
@@ -47,8 +50,8 @@ COMPLETE: dict[str, tuple[Usage, bool, str]] = {
     # message_delta's cumulative input (10682) replaces message_start's (2679)
     "docs_web_search": (Usage(10682, 510), False, "claude-opus-4-8"),
     # no usage in any event (as the docs print it): the streamed output, 4 thinking deltas (174 bytes)
-    # and one text delta (54), is billed, estimated
-    "docs_thinking": (Usage(0, 228), True, "claude-opus-4-8"),
+    # and one text delta (54), is billed, estimated, and the input the request's bound (INPUT_BOUND)
+    "docs_thinking": (Usage(INPUT_BOUND, 228), True, "claude-opus-4-8"),
     "vercel_web_search_citations": (Usage(15665, 795), False, "claude-sonnet-4-20250514"),
     "vercel_prompt_cache": (Usage(6, 198, 6289, 3337), False, "claude-sonnet-5"),
     "vercel_message_delta_input_tokens": (Usage(61, 2), False, "claude-opus-4-5-20251101"),
@@ -63,8 +66,8 @@ BROKEN: dict[str, tuple[str, int | None, Usage]] = {
     "web-search-cut": ("vercel_web_search_citations", 6, Usage(2037, 1 + 50)),
     # text 1 + 47 bytes, the tool's name get_weather (11) and its input so far, 0 + 8
     "tool-use-cut": ("sdk_tool_use_response", 4, Usage(377, 1 + 67)),
-    # two thinking deltas (92 + 20 bytes); no usage reported at all
-    "thinking-cut": ("docs_thinking", 2, Usage(0, 112)),
+    # two thinking deltas (92 + 20 bytes); no usage reported at all: the input is the request's bound
+    "thinking-cut": ("docs_thinking", 2, Usage(INPUT_BOUND, 112)),
 }
 
 

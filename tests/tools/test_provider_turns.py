@@ -193,8 +193,9 @@ async def test_a_tool_turn_through_each_provider(tmp_path: Path,
 async def test_a_stream_that_breaks_bills_the_output_streamed(tmp_path: Path, kind: str,
                                                                aws_env: None) -> None:  # noqa: F811
     """Cut after "Hello there" (11 bytes): the call is billed that output, estimated (docs/billing.md).
-    These providers report usage only at the end of the stream, so no input count exists yet: the
-    record holds 0 input tokens (Anthropic reports its input in message_start)."""
+    These providers report usage only at the end of the stream, so no input count exists yet (Anthropic
+    reports its input in message_start): the upstream read the input, so the record bills the request's
+    input bound, the hold's own estimate (drivers/token_bounds.worst_input_tokens), never 0."""
     with StubServer() as server:
         driver: Driver
         if kind == "openai":
@@ -221,5 +222,6 @@ async def test_a_stream_that_breaks_bills_the_output_streamed(tmp_path: Path, ki
     errors = [e["data"] for e in events if e["type"] == "error_occurred"]
     assert errors and errors[0]["code"] == "connection_error", events
     [record] = [r for r in records if "#llm#" in r.record_id]
+    # 72: the turn's request (the default system prompt and "hello", no tools) at a token per byte
     assert (record.provider, record.usage, record.estimated, record.status) == (
-        kind, Usage(0, len("Hello there")), True, "failed")
+        kind, Usage(72, len("Hello there")), True, "failed")

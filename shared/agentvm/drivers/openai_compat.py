@@ -67,7 +67,8 @@ class OpenAICompatDriver:
     `name` is the provider's name in the ledger ("openai", "deepseek", "ollama", …) and `label` how
     errors call it. `max_tokens_field`: "max_completion_tokens" for OpenAI's own API (its reasoning
     models refuse `max_tokens`), "max_tokens" for most others. `include_usage: False` for a server
-    that refuses `stream_options` (its calls are then billed by the streamed bytes, marked estimated).
+    that refuses `stream_options` (its calls are then billed the request's input bound and the streamed
+    bytes, marked estimated).
     The HTTP client is made on first use per event loop and reused, as in `AnthropicLiteDriver`.
     """
 

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -42,6 +42,7 @@ from agentvm.drivers.base import (
     ToolUseStop,
     UsageUpdate,
 )
+from agentvm.drivers.token_bounds import billed_usage
 from agentvm.engine.channel import SessionChannel
 from agentvm.engine.coalescer import DeltaCoalescer
 from agentvm.engine.history import SessionHistory
@@ -95,6 +96,7 @@ class _Msg:
     # UTF-8 bytes of output streamed since the provider last reported the output count: billed as
     # tokens (an upper bound) if the stream ends without a final count, and the usage marked estimated
     unreported_bytes: int = 0
+    final: bool = False  # the message ended with the provider's final usage
     estimated: bool = False
     cost: Cost = field(default_factory=lambda: Cost(Decimal(0), Decimal(0)))  # set when counted
     responding_sent: bool = False
@@ -292,7 +294,10 @@ class TurnRunner:
             status = "interrupted"
             raise
         finally:
-            _bill_unreported(msg, request.max_tokens)
+            if not msg.counted:
+                msg.usage, estimated = billed_usage(msg.usage, request, unreported_bytes=msg.unreported_bytes,
+                                                    started=msg.started_at > 0, final=msg.final)
+                msg.unreported_bytes, msg.estimated = 0, msg.estimated or estimated
             self._count(msg)
             turn.model = msg.model or turn.model
             turn.list_cost, turn.billed_cost = money_text(self._list), money_text(self._billed)
@@ -390,7 +395,7 @@ class TurnRunner:
                     msg.stop_reason = ev.stop_reason or "end_turn"
                     msg.usage = ev.usage  # the final usage is authoritative: a final 0 is 0
                     if ev.usage_final:
-                        msg.unreported_bytes = 0
+                        msg.unreported_bytes, msg.final = 0, True
                     if msg.coalescer is not None:
                         msg.coalescer.hold()  # closed by `_call` once the call is settled
 
@@ -554,15 +559,3 @@ def fit_result(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
     return ToolOutcome(body[:lo] + note, is_error=outcome.is_error)
 
 
-def _bill_unreported(msg: _Msg, max_tokens: int) -> None:
-    """A call that ended without the provider's final output count (the stream broke, was interrupted,
-    or never reported it) after output was streamed: that output is billed at one token per UTF-8
-    byte (no token is shorter than a byte), on top of the last count reported, at most `max_tokens`,
-    and the usage is marked estimated. Anthropic bills the output it generated before the break."""
-    if msg.counted or not msg.unreported_bytes:
-        return
-    reported = msg.usage.output_tokens
-    output = max(reported, min(max_tokens, reported + msg.unreported_bytes))
-    msg.usage = replace(msg.usage, output_tokens=output)
-    msg.unreported_bytes = 0
-    msg.estimated = True

@@ -19,72 +19,20 @@ ledger refuses the tenant's next holds while spent + reserved exceeds the budget
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from decimal import ROUND_CEILING, Decimal
-from typing import Any
 
 from agentvm.domain.models import Turn, Usage
 from agentvm.domain.usage import Budget, Hold, UsageRecord, minute_of, period_of
 from agentvm.drivers.base import LLMRequest
+from agentvm.drivers.token_bounds import worst_input_tokens
 from agentvm.errors import QuotaExceeded, RateLimited
 from agentvm.ids import now_ms
 from agentvm.money import COST_QUANTUM, MILLION, Cost, ModelPrice, money_text, price_for
 from agentvm.ports import UsageLedger
 
 log = logging.getLogger(__name__)
-
-# An image: Anthropic bills about width × height / 750 tokens after scaling it down to the model's
-# largest native size: ~1.15 MP, ~1,600 tokens, up to Claude 4.6; 2576 px long edge, 3.75 MP, ~5,000
-# tokens on Opus 4.7 (Anthropic's vision docs). 6,000 covers that with the padding to 28 px.
-IMAGE_TOKENS = 6_000
-# The tool-use system prompt Anthropic adds to a request with tools (159 to 804 tokens by model and
-# tool choice in Anthropic's tool-use pricing table; 804 for Opus 4.7 with `any`), with a margin.
-TOOL_SYSTEM_TOKENS = 1_000
-# Models whose context window is 200k input tokens (Anthropic's models overview; AgentVM sends no
-# long-context beta header); any other model, the 1M window of Opus 4.6+ and Sonnet 4.6, is held at
-# the largest, so that the bound holds for models this list does not know.
-_WINDOW_200K = re.compile(r"^(claude-(opus|sonnet)-4(-0)?|claude-opus-4-1|claude-(opus|sonnet|haiku)-4-5)(-\d{8})?$"
-                          r"|^claude-3|^scripted")
-MAX_CONTEXT_WINDOW = 1_000_000
-# Document sources whose text is in the request (counted by its bytes); any other source (a PDF as
-# base64, URL or file) is rendered by the provider: it is bounded by the context window.
-_TEXT_SOURCES = frozenset({"text", "content"})
-
-
-def context_window(model: str) -> int:
-    return 200_000 if _WINDOW_200K.match(model.lower()) else MAX_CONTEXT_WINDOW
-
-
-def worst_input_tokens(request: LLMRequest) -> int:
-    """An upper bound of the request's input tokens: a token covers at least one UTF-8 byte of text, so
-    the bytes of every string (plus a little per structural element) bound the count; an image counts
-    `IMAGE_TOKENS`, a PDF the whole context window; tools add `TOOL_SYSTEM_TOKENS`. Never more than the
-    model's context window: the API refuses (unbilled) a request that does not fit."""
-    window = context_window(request.model)
-    total = _bound(request.messages, window) + _bound(request.system or "", window) + 16
-    if request.tools:
-        total += _bound(request.tools, window) + TOOL_SYSTEM_TOKENS
-    return min(total, window)
-
-
-def _bound(value: Any, window: int) -> int:
-    if isinstance(value, str):
-        return len(value.encode()) + 2
-    if isinstance(value, dict):
-        kind = value.get("type")
-        if kind == "image":
-            return IMAGE_TOKENS
-        if kind == "document":
-            source = value.get("source")
-            if not (isinstance(source, dict) and source.get("type") in _TEXT_SOURCES):
-                return window
-        return 2 + sum(_bound(k, window) + _bound(v, window) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return 2 + sum(_bound(v, window) for v in value)
-    return 4  # numbers, booleans, null
-
 
 def worst_cost(request: LLMRequest, *, markup: Decimal, prices: Mapping[str, ModelPrice] | None) -> Decimal:
     p = price_for(request.model, prices)

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from agentvm.domain.models import Principal, Turn, TurnStatus, Usage
@@ -30,6 +30,7 @@ from agentvm.drivers.base import (
     ToolUseStart,
     UsageUpdate,
 )
+from agentvm.drivers.token_bounds import billed_usage
 from agentvm.errors import InvalidRequest, NotFound
 from agentvm.ids import call_id, now_ms
 from agentvm.money import Cost, cost_of
@@ -58,6 +59,7 @@ class _Tally:
     unreported_bytes: int = 0  # output streamed since the provider last reported its output count
     started: bool = False
     stopped: bool = False
+    final: bool = False  # ended with the provider's final usage
 
     def see(self, event: DriverEvent) -> None:
         if isinstance(event, MessageStart):
@@ -77,16 +79,13 @@ class _Tally:
         elif isinstance(event, MessageStop):
             self.usage, self.stopped = event.usage, True
             if event.usage_final:
-                self.unreported_bytes = 0
+                self.unreported_bytes, self.final = 0, True
 
-    def final(self, max_tokens: int) -> tuple[Usage, bool]:
-        """The usage to bill: output streamed but never reported is billed at a token per UTF-8 byte,
-        at most `max_tokens`, and marked estimated (as the engine does: docs/billing.md)."""
-        if not self.unreported_bytes:
-            return self.usage, False
-        reported = self.usage.output_tokens
-        output = max(reported, min(max_tokens, reported + self.unreported_bytes))
-        return replace(self.usage, output_tokens=output), True
+    def billed(self, request: LLMRequest) -> tuple[Usage, bool]:
+        """The usage to bill, estimated where the provider did not report it (as the engine does:
+        `billed_usage`, docs/billing.md)."""
+        return billed_usage(self.usage, request, unreported_bytes=self.unreported_bytes, started=self.started,
+                            final=self.final)
 
 
 @dataclass(slots=True)
@@ -173,7 +172,7 @@ class TokenGateway:
             status = "interrupted"
             raise
         finally:
-            usage, estimated = tally.final(request.max_tokens)
+            usage, estimated = tally.billed(request)
             cost = cost_of(usage, model.upstream_model, markup=markup, prices={model.upstream_model: model.price})
             billed = Billed(usage, cost, f"{turn.turn_id}#llm#1", estimated)
             # shielded: a client that went away cancels the response, never the bill
