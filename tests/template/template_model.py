@@ -65,7 +65,7 @@ LINT_REGIONS = ("us-east-1", "us-west-2", "eu-west-1", "eu-central-1", "ap-south
 #: Packages the function tier must not carry (the SDK-free driver replaces anthropic; the rest is `avm serve`).
 #: aioboto3/aiobotocore/aiohttp: ~1 s of cold start; the AWS adapters use botocore on a thread pool.
 NOT_IN_LAYER = ("anthropic", "uvicorn", "websockets", "aioboto3", "aiobotocore", "aiohttp")
-LAYER_MUST_HAVE = ("pydantic", "pydantic-settings", "orjson", "httpx", "pyyaml", "boto3", "botocore",
+LAYER_MUST_HAVE = ("pydantic", "orjson", "httpx", "pyyaml", "boto3", "botocore",
                    "aws-lambda-powertools", "mangum", "fastapi", "starlette")
 WS_API_ARN_PREFIX = "arn:${AWS::Partition}:execute-api:${AWS::Region}:${AWS::AccountId}:${WebSocketApi}/"
 CONFIG_PARAMETER_ARN = "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/agentvm/${AWS::StackName}"

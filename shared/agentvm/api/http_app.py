@@ -275,7 +275,7 @@ CORS_EXPOSED = ["retry-after", "x-request-id", "x-agentvm-cost-usd", "x-agentvm-
 
 
 def _env_origins() -> list[str]:
-    # Settings (pydantic-settings) is built only when the variable is set: http_api creates its app at
+    # Settings is built only when the variable is set: http_api creates its app at
     # import, on the Lambda cold path, and most deployments allow no origin
     from agentvm.config import Settings, cors_origin_list
 
