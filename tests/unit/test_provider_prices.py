@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from agentvm.domain.models import Usage
-from agentvm.money import DEFAULT_PRICES, PROVIDER_PRICES, cost_of, price_for
+from agentvm.money import DEFAULT_PRICES, PROVIDER_PRICES, ModelPrice, cost_of, price_for
 
 
 @pytest.mark.parametrize(("model", "key"), [
@@ -46,3 +46,46 @@ def test_a_call_is_billed_at_list_times_markup() -> None:
                       prices=PROVIDER_PRICES)
     # 18 × 0.80 + 4 × 4 + 2048 × 0.08 + 96 × 1 = 290.24 per million
     assert (bedrock.list, bedrock.billed) == (Decimal("0.00029024"), Decimal("0.00030475"))
+
+
+def test_an_unpriced_model_of_openai_or_bedrock_takes_the_shipped_list_price() -> None:
+    from agentvm.services.model_catalog import build_catalog, check_providers
+
+    providers = check_providers({
+        "oa": {"type": "openai", "baseUrl": "https://api.openai.com/v1", "apiKeyEnv": "OPENAI_API_KEY",
+               "models": {"gpt-4o-mini-2024-07-18": {}, "gpt-4.1": {"input": "1", "output": "2", "cacheRead": "0",
+                                                                    "cacheWrite": "1"}}},
+        "br": {"type": "bedrock", "region": "us-east-1",
+               "models": {"us.anthropic.claude-haiku-4-5-20251001-v1:0": {"maxOutput": 64000}}},
+    })
+    catalog = build_catalog(DEFAULT_PRICES, providers, anthropic=False)
+    mini, own, haiku = (catalog.models[m] for m in ("oa/gpt-4o-mini-2024-07-18", "oa/gpt-4.1",
+                                                    "br/us.anthropic.claude-haiku-4-5-20251001-v1:0"))
+    assert mini.price == PROVIDER_PRICES["openai/gpt-4o-mini"]
+    assert own.price == ModelPrice(Decimal(1), Decimal(2), Decimal(1), Decimal(0))  # the operator's prices win
+    assert haiku.price == PROVIDER_PRICES["bedrock/us.anthropic.claude-haiku-4-5"] and haiku.max_output == 64000
+    # billed at list × 1.05 like any catalog model: 1,000 in + 500 out of gpt-4o-mini
+    assert cost_of(Usage(1000, 500), mini.upstream_model, prices={mini.upstream_model: mini.price}).billed == \
+        Decimal("0.00047250")
+
+
+@pytest.mark.parametrize(("entry", "error"), [
+    # a model the table does not list, even on OpenAI's own API
+    ({"type": "openai", "baseUrl": "https://api.openai.com/v1", "models": {"o9-super": {}}},
+     "p.models.o9-super.input: missing (USD per million tokens; every model is priced; no shipped list price "
+     "for this model)"),
+    # any other OpenAI-compatible server sells its own prices, whatever the model's name
+    ({"type": "openai", "baseUrl": "http://127.0.0.1:8000/v1", "models": {"gpt-4o": {}}},
+     "p.models.gpt-4o.input: missing (USD per million tokens; every model is priced)"),
+    ({"type": "openai", "baseUrl": "https://api.openai.com.evil.example/v1", "models": {"gpt-4o": {}}},
+     "p.models.gpt-4o.input: missing (USD per million tokens; every model is priced)"),
+    # some prices given: all four are needed
+    ({"type": "bedrock", "models": {"amazon.nova-lite-v1:0": {"input": "1"}}},
+     "p.models.amazon.nova-lite-v1:0.output: missing (USD per million tokens; every model is priced)"),
+])
+def test_a_model_without_prices_or_a_shipped_price_is_refused(entry: dict[str, object], error: str) -> None:
+    from agentvm.services.model_catalog import check_providers
+
+    with pytest.raises(ValueError) as exc:
+        check_providers({"p": entry})
+    assert str(exc.value) == error

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from agentvm.money import LISTED_MODELS, OFFLINE_MODELS, ModelPrice, is_known_model, known_models, price_for
+from agentvm.money import (
+    LISTED_MODELS,
+    OFFLINE_MODELS,
+    PROVIDER_PRICES,
+    ModelPrice,
+    is_known_model,
+    known_models,
+    price_for,
+)
 
 ANTHROPIC = "anthropic"
 SCRIPTED = "scripted"
@@ -183,18 +191,37 @@ def _provider(name: str, entry: Any) -> dict[str, Any]:
     models = entry.get("models")
     if not isinstance(models, dict) or not models:
         raise ValueError(f"{name}.models: must be an object of at least one model with its prices")
-    out["models"] = {model: _model(f"{name}.models.{model}", model, row) for model, row in models.items()}
+    shipped = _shipped_prices(kind, out.get("baseUrl"))
+    out["models"] = {model: _model(f"{name}.models.{model}", model, row, shipped)
+                     for model, row in models.items()}
     return out
 
 
-def _model(where: str, model: Any, row: Any) -> dict[str, Any]:
+def _shipped_prices(kind: str, base_url: str | None) -> str | None:
+    """The `money.PROVIDER_PRICES` key prefix whose list prices a provider's unpriced models take: Bedrock's
+    (AWS's list prices), and OpenAI's for OpenAI's own API only (a vLLM or DeepSeek model of the same
+    name is not sold at OpenAI's price); None: every model must give its prices."""
+    if kind == "bedrock":
+        return "bedrock/"
+    if kind == "openai" and base_url is not None and re.match(r"^https://api\.openai\.com(/|$)", base_url):
+        return "openai/"
+    return None
+
+
+def _model(where: str, model: Any, row: Any, shipped: str | None) -> dict[str, Any]:
     if not isinstance(model, str) or not _MODEL_NAME.match(model):
         raise ValueError(f"{where}: not a model name")
     if not isinstance(row, dict):
         raise ValueError(f"{where}: must be an object with input, output, cacheRead and cacheWrite prices")
     missing = [f for f in _PRICE_FIELDS if f not in row]
+    if len(missing) == len(_PRICE_FIELDS) and shipped is not None and is_known_model(shipped + model,
+                                                                                      tuple(PROVIDER_PRICES)):
+        listed = price_for(shipped + model, PROVIDER_PRICES)  # the shipped list price, as of PROVIDER_PRICES_TAKEN_ON
+        row = {**row, **{theirs: str(getattr(listed, ours)) for theirs, ours in _PRICE_FIELDS.items()}}
+        missing = []
     if missing:
-        raise ValueError(f"{where}.{missing[0]}: missing (USD per million tokens; every model is priced)")
+        known = "; no shipped list price for this model" if shipped is not None and len(missing) == 4 else ""
+        raise ValueError(f"{where}.{missing[0]}: missing (USD per million tokens; every model is priced{known})")
     unknown = set(row) - {*_PRICE_FIELDS, "contextWindow", "maxOutput"}
     if unknown:
         raise ValueError(f"{where}.{sorted(unknown)[0]}: unknown field")
