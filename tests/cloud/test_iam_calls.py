@@ -418,3 +418,44 @@ async def test_a_permission_removed_from_the_role_fails_the_check(deployment: De
     # a grant on another stack's path is no grant: the resource pattern is checked, not only the action
     other = Stack(**{**d.stack.__dict__, "name": d.stack.name + "-other"})
     assert any("ssm:PutParameter" in p for p in denied(RECORDER.calls("http_api"), template, other))
+
+
+# ------------------------------------------------------------------------------------ Bedrock
+
+async def test_a_bedrock_call_is_allowed_only_for_the_models_the_deployment_names(template: dict[str, Any],
+                                                                                   aws_env: None) -> None:
+    """A real ConverseStream of the Bedrock driver (against a fake endpoint speaking its event stream),
+    recorded as each LLM-calling role would make it, against the BedrockModels parameter."""
+    from agentvm.adapters.aws.botocore_async import default_session
+    from agentvm.drivers.base import LLMRequest
+    from agentvm.drivers.bedrock_converse import BedrockConverseDriver
+    from tests.fakes import fake_bedrock as br
+    from tests.fakes.http_stub import StubServer
+
+    profile, nova = "us.anthropic.claude-haiku-4-5-20251001-v1:0", "amazon.nova-lite-v1:0"
+    with StubServer() as server:
+        driver = BedrockConverseDriver(region=REGION, endpoint_url=server.base_url, max_retries=0,
+                                       session=default_session())
+        for function in ("chat_turn", "chat_stream", "turn_host"):
+            for model in (profile, nova):
+                server.enqueue(br.stream([br.message_start(), *br.text(0, ["Hi"]), br.message_stop("end_turn"),
+                                          br.metadata(5, 1)]))
+                with aws_calls.invoking(function):
+                    request = LLMRequest(model, [{"role": "user", "content": "hello"}], max_tokens=16)
+                    assert [type(e).__name__ async for e in driver.stream(request)][-1] == "MessageStop"
+        await driver.aclose()
+    calls = RECORDER.calls()
+    assert [(c.function, c.service, c.operation, c.params["modelId"]) for c in calls] == [
+        (f, "bedrock-runtime", "ConverseStream", m) for f in ("chat_turn", "chat_stream", "turn_host")
+        for m in (profile, nova)]
+    stack = Stack(name="avm-iam-br", table="t", bucket="b", bedrock_models="anthropic.claude-haiku-4-5*")
+    roles = {"chat_turn": "ChatTurnFunctionRole", "chat_stream": "ChatStreamFunctionRole",
+             "turn_host": "TurnHostTaskRole"}
+    action = "bedrock:InvokeModelWithResponseStream"
+    # the profile and the model it routes to are granted; Nova is not named by the parameter
+    assert denied(calls, template, stack) == [
+        f"{f}: {action} on arn:aws:bedrock:us-east-1::foundation-model/{nova} (role {roles[f]})" for f in roles]
+    assert denied(calls, template, Stack(**{**stack.__dict__, "bedrock_models": "*"})) == []
+    # blank (the default): no Bedrock permission at all
+    none = denied(calls, template, Stack(**{**stack.__dict__, "conditions": {"HasBedrockModels": False}}))
+    assert len(none) == 3 * 3 and all(action in line for line in none)

@@ -359,6 +359,18 @@ def authorizations(service: str, operation: str, params: Mapping[str, Any], *,
             task = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{cluster.rsplit('/', 1)[-1]}/new-task"
             checks.append(Check("ecs:TagResource", task, {"ecs:CreateAction": ("RunTask",)}))
         return checks
+    if service == "bedrock-runtime" and operation in ("Converse", "ConverseStream"):
+        # Converse is authorised as InvokeModel, ConverseStream as InvokeModelWithResponseStream; a cross-region
+        # inference profile (`us.`, `eu.`, `global.` … before the model id) on the profile and on its model
+        action = "bedrock:InvokeModelWithResponseStream" if operation == "ConverseStream" else "bedrock:InvokeModel"
+        model = str(p["modelId"])
+        if model.startswith("arn:"):
+            return [Check(action, model)]
+        prefix, _, rest = model.partition(".")
+        if prefix in ("us", "eu", "apac", "jp", "au", "ca", "us-gov", "global") and rest:
+            return [Check(action, f"arn:aws:bedrock:{REGION}:{ACCOUNT}:inference-profile/{model}"),
+                    Check(action, f"arn:aws:bedrock:{REGION}::foundation-model/{rest}")]
+        return [Check(action, f"arn:aws:bedrock:{REGION}::foundation-model/{model}")]
     if service == "secretsmanager" and operation == "GetSecretValue":
         return [Check("secretsmanager:GetSecretValue", p["SecretId"])]
     if service == "sts" and operation == "AssumeRole":

@@ -41,6 +41,7 @@ class Stack:
     llm_secret_arn: str = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:agentvm/llm-AbCdEf"
     worker_cluster: str = "agentvm-workers"
     worker_task_definition: str = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/agentvm-worker:1"
+    bedrock_models: str = "anthropic.claude-haiku-4-5*"  # the BedrockModels parameter (HasBedrockModels)
     conditions: Mapping[str, bool] = field(default_factory=dict)  # absent: true
 
     @property
@@ -62,7 +63,7 @@ class Stack:
             "ArchiveFailures.Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{self.name}-ArchiveFailures",
             "LlmSecretArn": self.llm_secret_arn, "WorkerCluster": self.worker_cluster,
             "WorkerCluster.Arn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{self.worker_cluster}",
-            "WorkerTaskDefinition": self.worker_task_definition,
+            "WorkerTaskDefinition": self.worker_task_definition, "BedrockModels": self.bedrock_models,
         }
 
 

@@ -395,6 +395,13 @@ def test_layer_pins_satisfy_pyproject() -> None:
 
 # ------------------------------------------------------------------------------------------ IAM
 
+#: The functions that call LLMs: they read the LLM key and may invoke Bedrock models.
+LLM_CALLERS = {"ChatTurnFunction", "HttpApiFunction", "ChatStreamFunction"}
+BEDROCK_INVOKE = ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
+BEDROCK_MODEL_ARNS = ("arn:${AWS::Partition}:bedrock:*::foundation-model/${BedrockModels}",
+                      "arn:${AWS::Partition}:bedrock:*:${AWS::AccountId}:inference-profile/*${BedrockModels}")
+
+
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_policies_are_least_privilege(name: str) -> None:
     statements = _statements(name)
@@ -439,6 +446,9 @@ def test_policies_are_least_privilege(name: str) -> None:
                 assert text in (CONFIG_PARAMETER_ARN, CONFIG_PARAMETER_ARN + "/*"), f"{name}: {text}"
             elif service == "secretsmanager":
                 assert actions == ["secretsmanager:GetSecretValue"] and resource == {"Ref": "LlmSecretArn"}
+            elif service == "bedrock":  # only the LLM callers, only invoking, only the models BedrockModels names
+                assert name in LLM_CALLERS and actions == BEDROCK_INVOKE, f"{name}: {actions}"
+                assert text in BEDROCK_MODEL_ARNS, f"{name}: {text}"
             elif service == "execute-api":
                 assert actions == ["execute-api:ManageConnections"]
             elif service == "lambda":
@@ -475,12 +485,13 @@ def test_only_ws_default_the_sweep_and_turn_failed_may_invoke_chat_turn() -> Non
 
 def test_llm_secret_and_config_are_readable_only_where_needed() -> None:
     readers = {name for name in FUNCTIONS if _allowed(name, "secretsmanager:GetSecretValue")}
-    assert readers <= {"ChatTurnFunction", "HttpApiFunction", "ChatStreamFunction"}
-    assert "ChatTurnFunction" in readers
+    assert readers == LLM_CALLERS
     for name in readers:
-        for statement in _resource(name)["Properties"]["Policies"][0]["Statement"]:
-            if "Fn::If" in statement:
-                assert statement["Fn::If"][0] == "HasLlmSecret" and statement["Fn::If"][2] == NO_VALUE
+        conditional = {statement["Fn::If"][0]: statement["Fn::If"][1]["Sid"]
+                       for statement in _resource(name)["Properties"]["Policies"][0]["Statement"]
+                       if "Fn::If" in statement and statement["Fn::If"][2] == NO_VALUE}
+        # the key only with a secret; Bedrock only when the deployment names its models (blank: no grant)
+        assert conditional == {"HasLlmSecret": "ReadLlmKey", "HasBedrockModels": "InvokeBedrockModels"}, name
     parameter = _template()["Parameters"]["LlmSecretArn"]
     assert parameter.get("NoEcho") is not True and "Default" in parameter, "an ARN, never the key itself"
     assert _text(_resource("ConfigRoot")["Properties"]["Name"]).startswith("/agentvm/${AWS::StackName}/")

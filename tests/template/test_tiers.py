@@ -251,13 +251,17 @@ def test_the_turn_host_task_role_is_exactly_what_a_turn_needs() -> None:
         ("FallBackToChatTurn", ("lambda:InvokeFunction",)): ["${ChatTurnFunction.Alias}"],
         ("ReadConfig", ("ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath")): config,
         ("ReadLlmKey", ("secretsmanager:GetSecretValue",)): ["${LlmSecretArn}"],
+        ("InvokeBedrockModels", ("bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream")): [
+            "arn:${AWS::Partition}:bedrock:*:${AWS::AccountId}:inference-profile/*${BedrockModels}",
+            "arn:${AWS::Partition}:bedrock:*::foundation-model/${BedrockModels}"],
         # with its own WebSocket front (WebSocketFront=LoadBalancer): ws_default's dispatch and deletes
         ("SendTurnsToHosts", ("sqs:SendMessage",)): ["${TurnQueue.Arn}"],
         ("DeleteArchivedHistory", ("s3:DeleteObject",)): ["${Bucket.Arn}/archive/*"],
     }
-    secret, *front = [st for st in _resource("TurnHostTaskRole")["Properties"]["Policies"][0]["PolicyDocument"]
-                      ["Statement"] if "Fn::If" in st]
+    secret, bedrock, *front = [st for st in _resource("TurnHostTaskRole")["Properties"]["Policies"][0]
+                               ["PolicyDocument"]["Statement"] if "Fn::If" in st]
     assert secret["Fn::If"][0] == "HasLlmSecret" and secret["Fn::If"][2] == NO_VALUE
+    assert bedrock["Fn::If"][0] == "HasBedrockModels" and bedrock["Fn::If"][2] == NO_VALUE
     assert [(st["Fn::If"][0], st["Fn::If"][2]) for st in front] == [("LoadBalancerFront", NO_VALUE)] * 2
     # escalation to the sandbox: the same grant as chat_turn's, attached only with the tier
     roles = _resource("ChatTurnContainerTierPolicy")["Properties"]["Roles"]

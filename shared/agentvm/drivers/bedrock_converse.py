@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import threading
@@ -107,7 +108,9 @@ class BedrockConverseDriver:
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._max_concurrency, thread_name_prefix="bedrock")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        # the caller's context goes with the call (log fields, trace, whoever records the AWS calls)
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     async def aclose(self) -> None:
         executor, self._executor = self._executor, None
