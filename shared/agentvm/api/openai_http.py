@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from agentvm.api.json_mode import json_answer
 from agentvm.api.openai_wire import FINISH_REASONS, chunk, completion_wire, to_request, usage_wire
 from agentvm.api.token_common import (
     JSON,
@@ -123,6 +124,9 @@ def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller,
             body = await json_body(request)
             asked = to_request(body)
             if agents is not None and is_agent_model(asked.model):
+                if asked.json_tool is not None:
+                    raise InvalidRequest("response_format: not taken by agent models (an agent answers in "
+                                         "words; ask it for JSON in the message)", field="response_format")
                 from agentvm.api.agent_http import openai_agent
 
                 return await openai_agent(agents(), principal, request, body, asked)
@@ -136,25 +140,31 @@ def openai_router(gateway: Callable[[], TokenGateway], caller: TokenCaller,
             return openai_error(exc)
         if not asked.stream:
             try:
-                done = await collect(replay(first, call))
+                done = await collect(_answer(replay(first, call), asked.json_tool))
             except AgentVMError as exc:
                 return openai_error(exc)
             finally:
                 await call.events.aclose()
             return JSONResponse(completion_wire(done, call.model.id, ident), headers=cost_headers(call, done.billed))
-        return StreamingResponse(_chunks(call, first, ident, asked.include_usage), media_type="text/event-stream",
+        return StreamingResponse(_chunks(call, first, ident, asked.include_usage, asked.json_tool),
+                                 media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **cost_headers(call, None)})
 
     return router
 
 
+def _answer(events: AsyncGenerator[DriverEvent | Billed, None],
+            json_tool: str | None) -> AsyncGenerator[DriverEvent | Billed, None]:
+    return events if json_tool is None else json_answer(events, json_tool)
+
+
 async def _chunks(call: GatewayCall, first: DriverEvent | Billed | None, ident: str,
-                  include_usage: bool) -> AsyncIterator[bytes]:
+                  include_usage: bool, json_tool: str | None) -> AsyncIterator[bytes]:
     model, created = call.model.id, int(time.time())
     tools = -1  # the index of the current tool call
     yield chunk(ident, model, created, {"role": "assistant", "content": ""})
     try:
-        async with contextlib.aclosing(replay(first, call)) as events:
+        async with contextlib.aclosing(_answer(replay(first, call), json_tool)) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     yield chunk(ident, model, created, {"content": event.text})

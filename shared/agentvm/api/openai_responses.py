@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from agentvm.api.json_mode import JsonMode, json_answer, responses_format, with_json_tool
 from agentvm.api.openai_http import openai_error
 from agentvm.api.openai_wire import image_block, tool_choice_of
 from agentvm.api.token_common import (
@@ -54,8 +55,9 @@ def _bad(param: str, problem: str) -> InvalidRequest:
     return InvalidRequest(f"{param}: {problem}", field=param)
 
 
-def to_request(body: JSON) -> tuple[str, LLMRequest, bool, str | None]:
-    """The model's name, the neutral request, whether to stream, the param that set max_tokens."""
+def to_request(body: JSON) -> tuple[str, LLMRequest, bool, str | None, JsonMode | None]:
+    """The model's name, the neutral request, whether to stream, the param that set max_tokens, and a JSON
+    `text.format` (api/json_mode.py)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "required: a model id from GET /v1/models")
@@ -64,10 +66,10 @@ def to_request(body: JSON) -> tuple[str, LLMRequest, bool, str | None]:
             raise _bad(name, "not supported: AgentVM keeps no responses (send the whole input)")
     if body.get("store") is True:
         raise _bad("store", "only false: AgentVM keeps no responses")
-    text_format = body.get("text")
-    if text_format is not None and (not isinstance(text_format, dict) or (text_format.get("format") or {}).get(
-            "type", "text") != "text"):
-        raise _bad("text.format", "only {\"type\": \"text\"} is supported")
+    text = body.get("text")
+    if text is not None and not isinstance(text, dict):
+        raise _bad("text", "must be an object: {\"format\": {…}}")
+    json_mode = responses_format((text or {}).get("format"))
     max_tokens = body.get("max_output_tokens")
     param = None if max_tokens is None else "max_output_tokens"
     if max_tokens is None:
@@ -92,7 +94,9 @@ def to_request(body: JSON) -> tuple[str, LLMRequest, bool, str | None]:
                          system="\n\n".join(system) if system else None, tools=_tools(body.get("tools")),
                          temperature=numbers["temperature"], top_p=numbers["top_p"],
                          tool_choice=_choice(body.get("tool_choice")))
-    return model, request, body.get("stream") is True, param
+    if json_mode is not None:
+        request = with_json_tool(request, json_mode, "text.format")
+    return model, request, body.get("stream") is True, param, json_mode
 
 
 def _input(raw: Any, system: list[str]) -> list[JSON]:
@@ -206,15 +210,29 @@ def _call_item(block: JSON, status: str = "completed", arguments: str | None = N
             "arguments": orjson.dumps(block["input"]).decode() if arguments is None else arguments, "status": status}
 
 
+def _format_wire(mode: JsonMode | None) -> JSON:
+    """`text.format` as a response echoes it."""
+    if mode is None:
+        return {"type": "text"}
+    if mode.tool == "json_object" and mode.schema == {"type": "object"}:
+        return {"type": "json_object"}
+    return {"type": "json_schema", "name": mode.tool, "schema": mode.schema, "strict": None}
+
+
+def _answer(events: AsyncGenerator[DriverEvent | Billed, None],
+            mode: JsonMode | None) -> AsyncGenerator[DriverEvent | Billed, None]:
+    return events if mode is None else json_answer(events, mode.tool)
+
+
 def response_wire(ident: str, model: str, created: int, *, status: str, output: list[JSON],
-                  usage: JSON | None, stop_reason: str | None = None) -> JSON:
+                  usage: JSON | None, stop_reason: str | None = None, text_format: JSON | None = None) -> JSON:
     incomplete = _INCOMPLETE.get(stop_reason or "")
     return {"id": ident, "object": "response", "created_at": created, "model": model,
             "status": "incomplete" if incomplete and status == "completed" else status,
             "incomplete_details": {"reason": incomplete} if incomplete else None, "error": None,
             "instructions": None, "metadata": {}, "output": output, "parallel_tool_calls": True,
             "temperature": None, "top_p": None, "tool_choice": "auto", "tools": [], "store": False,
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", "usage": usage}
+            "text": {"format": text_format or {"type": "text"}}, "truncation": "disabled", "usage": usage}
 
 
 def _output(done: Completion, ident: str) -> list[JSON]:
@@ -235,7 +253,7 @@ def responses_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -
     async def responses(request: Request) -> Response:
         try:
             principal = await caller(request)
-            name, llm_request, stream, param = to_request(await json_body(request))
+            name, llm_request, stream, param, json_mode = to_request(await json_body(request))
             call = await gateway().start(principal, name, llm_request, max_tokens_param=param)
         except AgentVMError as exc:
             return openai_error(exc)
@@ -246,7 +264,7 @@ def responses_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -
             return openai_error(exc)
         if not stream:
             try:
-                done = await collect(replay(first, call))
+                done = await collect(_answer(replay(first, call), json_mode))
             except AgentVMError as exc:
                 return openai_error(exc)
             finally:
@@ -254,9 +272,9 @@ def responses_router(gateway: Callable[[], TokenGateway], caller: TokenCaller) -
             usage = done.billed.usage if done.billed is not None else Usage()
             body = response_wire(ident, call.model.id, int(time.time()), status="completed",
                                  output=_output(done, call.call_id), usage=_usage(usage, done.billed),
-                                 stop_reason=done.stop_reason)
+                                 stop_reason=done.stop_reason, text_format=_format_wire(json_mode))
             return JSONResponse(body, headers=cost_headers(call, done.billed))
-        return StreamingResponse(_events(call, first, ident), media_type="text/event-stream",
+        return StreamingResponse(_events(call, first, ident, json_mode), media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **cost_headers(call, None)})
 
     return router
@@ -272,8 +290,10 @@ class _Seq:
             {"type": kind, "sequence_number": self.n, **data}) + b"\n\n"
 
 
-async def _events(call: GatewayCall, first: DriverEvent | Billed | None, ident: str) -> AsyncIterator[bytes]:
+async def _events(call: GatewayCall, first: DriverEvent | Billed | None, ident: str,
+                  mode: JsonMode | None) -> AsyncIterator[bytes]:
     seq, model, created = _Seq(), call.model.id, int(time.time())
+    text_format = _format_wire(mode)
     output: list[JSON] = []
     text_item: JSON | None = None  # the message item being streamed
     text = ""
@@ -300,7 +320,7 @@ async def _events(call: GatewayCall, first: DriverEvent | Billed | None, ident: 
     yield seq.sse("response.in_progress", {"response": response_wire(ident, model, created, status="in_progress",
                                                                        output=[], usage=None)})
     try:
-        async with contextlib.aclosing(replay(first, call)) as events:
+        async with contextlib.aclosing(_answer(replay(first, call), mode)) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     if text_item is None:
@@ -336,7 +356,7 @@ async def _events(call: GatewayCall, first: DriverEvent | Billed | None, ident: 
                 elif isinstance(event, Billed):
                     yield seq.sse("response.completed", {"response": response_wire(
                         ident, model, created, status="completed", output=output, usage=_usage(event.usage, event),
-                        stop_reason=stop_reason)})
+                        stop_reason=stop_reason, text_format=text_format)})
     except AgentVMError as exc:
         yield seq.sse("error", {"code": exc.code, "message": public_message(exc), "param": None})
     finally:

@@ -3,8 +3,8 @@
 In: messages (system/developer, user with text and image parts, assistant with tool calls, tool
 results), tools and tool_choice, max_tokens / max_completion_tokens, temperature, top_p, stop, n=1.
 Out: a `chat.completion` or `chat.completion.chunk` stream, usage with the billed cost (`usage.cost`,
-USD as decimal text). Refused with a 400 naming the parameter: n > 1, a response_format other than
-text, a part or role this API does not know."""
+USD as decimal text). `response_format` json_object / json_schema: api/json_mode.py. Refused with a 400
+naming the parameter: n > 1, a part or role this API does not know."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from agentvm.api.json_mode import chat_format, with_json_tool
 from agentvm.api.token_common import DEFAULT_MAX_TOKENS, JSON, Completion
 from agentvm.domain.models import Usage
 from agentvm.drivers.base import LLMRequest
@@ -48,6 +49,7 @@ class ChatCall:
     stream: bool
     include_usage: bool  # a streamed answer ends with a usage chunk (`stream_options.include_usage`)
     max_tokens_param: str | None  # the field that set max_tokens; None: the default
+    json_tool: str | None = None  # a JSON response_format: the forced tool whose input is the answer
 
 
 def to_request(body: JSON) -> ChatCall:
@@ -57,9 +59,7 @@ def to_request(body: JSON) -> ChatCall:
     n = body.get("n")
     if n is not None and n != 1:
         raise _bad("n", "only 1 is supported")
-    response_format = body.get("response_format")
-    if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
-        raise _bad("response_format", "only {\"type\": \"text\"} is supported")
+    json_mode = chat_format(body.get("response_format"))
     param: str | None = next((p for p in ("max_completion_tokens", "max_tokens") if body.get(p) is not None), None)
     max_tokens = DEFAULT_MAX_TOKENS if param is None else body[param]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 1_000_000:
@@ -77,7 +77,9 @@ def to_request(body: JSON) -> ChatCall:
                          system="\n\n".join(system) if system else None, tools=_tools(body.get("tools")),
                          temperature=_number(body, "temperature", 0, 2), top_p=_number(body, "top_p", 0, 1),
                          stop_sequences=stop or None, tool_choice=tool_choice_of(body.get("tool_choice")))
-    return ChatCall(model, request, stream, include_usage, param)
+    if json_mode is not None:
+        request = with_json_tool(request, json_mode, "response_format")
+    return ChatCall(model, request, stream, include_usage, param, json_mode.tool if json_mode else None)
 
 
 def _messages(raw: Any) -> tuple[list[str], list[JSON]]:

@@ -182,11 +182,27 @@ class ScriptedDriver:
                 return ScriptedResponse(text=["Done."]), text
         return None, text
 
+    @staticmethod
+    def _forced(request: LLMRequest, text: str) -> ScriptedResponse | None:
+        """Without a matching rule, a request that requires a tool gets a call of it, as a real model must
+        answer: the named tool (`tool`), else the last one given (`any`), its input a small instance of
+        the tool's input schema whose strings are the echo (`schema_instance`)."""
+        choice = request.tool_choice or {}
+        tools = {t.get("name"): t for t in request.tools if isinstance(t, dict)}
+        name = choice.get("name") if choice.get("type") == "tool" else (
+            list(tools)[-1] if choice.get("type") == "any" and tools else None)
+        if name not in tools:
+            return None
+        schema = tools[name].get("input_schema") or {"type": "object"}
+        instance = schema_instance(schema, text)
+        return ScriptedResponse(tool_calls=[ScriptedToolCall(name=str(name), input=instance if isinstance(
+            instance, dict) else {"value": instance})])
+
     async def stream(self, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]:
         response, user_text = self._pick(request)
         if response is None:
-            response = ScriptedResponse(text=_word_chunks(self.script.echo_prefix + user_text),
-                                        delay_ms=self.script.echo_delay_ms)
+            response = self._forced(request, self.script.echo_prefix + user_text) or ScriptedResponse(
+                text=_word_chunks(self.script.echo_prefix + user_text), delay_ms=self.script.echo_delay_ms)
         if response.first_delay_ms:
             await asyncio.sleep(response.first_delay_ms / 1000)
         err = response.error
@@ -219,6 +235,53 @@ class ScriptedDriver:
         stop = response.stop_reason or ("tool_use" if response.tool_calls else "end_turn")
         yield MessageStop(stop, Usage(input_tokens, output_tokens, start_usage.cache_read_tokens,
                                       start_usage.cache_write_tokens))
+
+
+def schema_instance(schema: Any, text: str, root: Any = None, depth: int = 0) -> Any:
+    """A small instance of a JSON Schema, for the offline model's forced tool calls: an object's required
+    properties (all when none are listed), `const`, the first `enum` value, the first non-null choice of
+    `anyOf`/`oneOf`, `$ref`s within the document (pydantic's `$defs`), `minItems` items, numbers at their
+    minimum or 0, false, and `text` for strings; an object with no properties gets `{"reply": text}`."""
+    root = schema if root is None else root
+    if not isinstance(schema, dict) or depth > 12:
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        return schema_instance(target, text, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options:
+            chosen = next((o for o in options if isinstance(o, dict) and o.get("type") != "null"), options[0])
+            return schema_instance(chosen, text, root, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or (kind is None and "properties" in schema):
+        props = schema.get("properties")
+        if not isinstance(props, dict) or not props:
+            return {} if schema.get("additionalProperties") is False else {"reply": text}
+        required = schema.get("required")
+        names = [n for n in props if not isinstance(required, list) or n in required]
+        return {n: schema_instance(props[n], text, root, depth + 1) for n in names}
+    if kind == "array":
+        count = schema.get("minItems", 0)
+        count = min(count, 3) if isinstance(count, int) and not isinstance(count, bool) else 0
+        return [schema_instance(schema.get("items", {}), text, root, depth + 1) for _ in range(count)]
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", 0)
+        return low if isinstance(low, int | float) and not isinstance(low, bool) else 0
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    return text
 
 
 def parse_script(raw: str, *, source: str = "script") -> Script:
