@@ -29,7 +29,7 @@ from agentvm.domain.models import (
 )
 from agentvm.domain.sandbox_limits import Limits, ProcessResult
 from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
-from agentvm.domain.usage import Budget, Hold, Spend, UsageRecord
+from agentvm.domain.usage import Budget, Hold, Spend, UnitPrices, UsageRecord
 from agentvm.drivers.base import DriverEvent, LLMRequest, ToolOutcome
 from agentvm.money import Cost, ModelPrice
 
@@ -579,7 +579,8 @@ class CallMeter(Protocol):
 
     async def release(self, turn: Turn, hold: Hold) -> None: ...
     async def settle(self, turn: Turn, hold: Hold, *, call: int, provider: str, model: str, usage: Usage,
-                     cost: Cost, status: str, estimated: bool = False) -> UsageRecord: ...
+                     cost: Cost, status: str, estimated: bool = False,
+                     prices: UnitPrices | None = None) -> UsageRecord: ...
     async def sandbox(self, turn: Turn, *, started_at: int) -> UsageRecord: ...
     async def release_lost(self, turn: Turn) -> Decimal:
         """What a turn whose runner died during an LLM call still holds, given back; the amount."""

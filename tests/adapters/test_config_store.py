@@ -226,7 +226,7 @@ async def test_sqlite_migration_from_version_2_keeps_existing_data(tmp_path: Pat
     finally:
         await store.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 11
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 12
 
 
 # ---- SSM + DynamoDB ----------------------------------------------------------------------------

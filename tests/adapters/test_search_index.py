@@ -263,7 +263,7 @@ async def test_sqlite_migration_6_indexes_the_messages_already_stored(tmp_path: 
     finally:
         await s.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 11
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 12
         assert conn.execute("SELECT count(*) FROM message_search").fetchone()[0] == 3
 
 

@@ -43,4 +43,4 @@ async def test_sqlite_migrates_an_existing_database_in_place(tmp_path: Path) -> 
     finally:
         await s.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 11
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 12

@@ -19,7 +19,7 @@ from agentvm.adapters.aws.dynamodb_usage import DynamoDBUsageLedger
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.adapters.local.sqlite_usage import SqliteUsageLedger
 from agentvm.domain.models import Usage
-from agentvm.domain.usage import Budget, Spend, UsageRecord, minute_of, period_of
+from agentvm.domain.usage import Budget, Spend, UnitPrices, UsageRecord, minute_of, period_of
 from agentvm.ids import now_ms
 from agentvm.ports import Store, UsageLedger
 from tests.aws_fixtures import moto_table
@@ -43,6 +43,9 @@ def ledger(store: Store) -> UsageLedger:
         return DynamoDBUsageLedger(store)
     assert isinstance(store, SqliteStore)
     return SqliteUsageLedger(store)
+
+
+PRICES = UnitPrices(Decimal("0.15"), Decimal("0.60"), Decimal("0.15"), Decimal("0.075"), Decimal("1.05"))
 
 
 def _record(record_id: str, *, tenant: str = "t1", key: str | None = None, ended: int = NOV,
@@ -451,7 +454,7 @@ async def test_stream_usage_yields_what_list_usage_lists_in_charge_time_order(
 
 
 async def test_records_round_trip(ledger: UsageLedger) -> None:
-    full = _record("t#llm#1", key="k1", list_cost=Decimal("0.000001"), billed=Decimal("0.00000105"))
+    full = _record("t#llm#1", key="k1", list_cost=Decimal("0.000001"), billed=Decimal("0.00000105"), prices=PRICES)
     bare = _record("t#sandbox", kind="sandbox", model=None, usage=Usage(), billed=Decimal(0), sandbox_ms=99,
                    tier="container", status="interrupted", currency="EUR")
     for r in (full, bare):
@@ -459,6 +462,8 @@ async def test_records_round_trip(ledger: UsageLedger) -> None:
     listed = await ledger.list_usage("t1", since_ms=SEP_1, until_ms=DEC_1)
     assert sorted(listed, key=lambda r: r.record_id) == [full, bare]
     assert [r.to_wire() for r in sorted(listed, key=lambda r: r.record_id)] == [full.to_wire(), bare.to_wire()]
+    assert listed[0].prices == PRICES and full.to_wire()["prices"] == {
+        "input": "0.15", "output": "0.60", "cacheWrite": "0.15", "cacheRead": "0.075", "markup": "1.05"}
     assert period_of(full.ended_at) == P_NOV
 
 
@@ -518,7 +523,7 @@ async def test_dynamodb_a_settle_writes_3_units_with_a_tenant_budget(dynamodb: D
     """The record (one item of < 1 KB and its one index, GSI2) and the counter: 1 + 1 + 1 write units,
     after the hold's 1 (docs/billing.md); the record is not in GSI1 any more."""
     ledger = DynamoDBUsageLedger(dynamodb)
-    rec = _record("u#llm#1", key="k1", started_at=NOV - 1500)
+    rec = _record("u#llm#1", key="k1", started_at=NOV - 1500, prices=PRICES)  # the prices kept too
     await ledger.reserve("t1", "k1", P_NOV, Decimal(1), turn_id="u", tenant_cap=Decimal(5), key_cap=None,
                          at_ms=rec.started_at)
     assert await ledger.settle(rec, reserved=Decimal(1), reserved_period=P_NOV, key_held=False)

@@ -1,16 +1,23 @@
 """The token API's HTTP edges on an in-process `avm serve`: a client that leaves mid-stream is still
-billed (one record, status interrupted), and the token API's own body limit."""
+billed (one record, status interrupted), the token API's own body limit, and a configured provider's
+model billed at its list price and exported with it."""
 
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
+import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agentvm.drivers.scripted import ScriptedDriver, parse_script
 from agentvm.ids import now_ms
+from tests.fakes import fake_openai as oa
+from tests.fakes.http_stub import StubServer
 from tests.support.servers import in_process
 
 SLOW = """
@@ -65,3 +72,48 @@ async def test_the_token_api_has_its_own_body_limit(tmp_path: Path) -> None:
         other = await http.post("/v1/resources", content=b"{" + b" " * 3000 + b"}",
                                 headers={"content-type": "application/json"})
         assert other.status_code == 413
+
+
+async def test_a_configured_openai_model_is_billed_at_its_list_price_and_exported_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model of an openai-type provider configured with gpt-4o-mini's list prices (a stub is no
+    api.openai.com: the shipped table does not price it), called through the token API against a stub
+    speaking OpenAI's stream: the usage record keeps the prices it was billed at, and `/v1/usage` and the
+    FOCUS export show them and the exact totals."""
+    monkeypatch.setenv("AVM_TEST_OA_KEY", "sk-test-Jf72")
+    with StubServer() as upstream:
+        upstream.enqueue(oa.text_reply(["Hel", "lo"], prompt=1200, completion=7, cached=1024))
+        async with in_process(tmp_path / "data") as srv, httpx.AsyncClient(base_url=srv.http) as http:
+            providers = {"oa": {"type": "openai", "baseUrl": upstream.base_url + "/v1", "apiKeyEnv": "AVM_TEST_OA_KEY",
+                                "models": {"gpt-4o-mini": {"input": "0.15", "output": "0.60", "cacheRead": "0.075",
+                                                           "cacheWrite": "0.15"}}}}
+            assert (await http.put("/v1/config/llm.providers", json={"value": providers})).status_code == 200
+            res = await http.post("/v1/chat/completions", json={"model": "oa/gpt-4o-mini",
+                                                                "messages": [{"role": "user", "content": "Hi"}]})
+            assert res.status_code == 200, res.text
+            assert res.json()["choices"][0]["message"]["content"] == "Hello"
+            period = time.strftime("%Y-%m", time.gmtime())
+            totals = (await http.get("/v1/usage", params={"period": period, "groupBy": "model"})).json()
+            jsonl = (await http.get("/v1/usage/export", params={"period": period, "format": "jsonl"})).text
+            focus = (await http.get("/v1/usage/export", params={"period": period, "format": "focus"})).text
+    # 176 input × 0.15 + 7 output × 0.60 + 1024 cache read × 0.075 = 107.4 per million; × 1.05 = 112.77
+    [record] = [json.loads(line) for line in jsonl.splitlines()]
+    assert (record["provider"], record["model"], record["usage"], record["listCost"], record["billedCost"],
+            record["estimated"]) == ("oa", "oa/gpt-4o-mini",
+                                     {"inputTokens": 176, "outputTokens": 7, "cacheReadTokens": 1024,
+                                      "cacheWriteTokens": 0}, "0.00010740", "0.00011277", False)
+    assert record["prices"] == {"input": "0.15", "output": "0.60", "cacheWrite": "0.15", "cacheRead": "0.075",
+                                "markup": "1.05"}
+    assert [(g["model"], g["calls"], g["listCost"], g["billedCost"]) for g in totals["rows"]] == [
+        ("oa/gpt-4o-mini", 1, "0.00010740", "0.00011277")]
+    rows = list(csv.DictReader(io.StringIO(focus)))
+    columns = ("SkuId", "PublisherName", "ConsumedQuantity", "PricingQuantity", "ListUnitPrice",
+               "ContractedUnitPrice", "ListCost", "BilledCost", "ChargeDescription")
+    assert [tuple(r[c] for c in columns) for r in rows] == [
+        ("oa/gpt-4o-mini/input", "oa", "176.0", "0.000176", "0.15", "0.1575", "0.00002640", "0.00002772",
+         "gpt-4o-mini input tokens (oa) at 0.15 USD per 1M tokens list price"),
+        ("oa/gpt-4o-mini/output", "oa", "7.0", "0.000007", "0.60", "0.6300", "0.00000420", "0.00000441",
+         "gpt-4o-mini output tokens (oa) at 0.60 USD per 1M tokens list price"),
+        ("oa/gpt-4o-mini/cache-read", "oa", "1024.0", "0.001024", "0.075", "0.07875", "0.00007680", "0.00008064",
+         "gpt-4o-mini cache-read tokens (oa) at 0.075 USD per 1M tokens list price"),
+    ]

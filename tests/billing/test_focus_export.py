@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 from agentvm.domain.models import Usage
-from agentvm.domain.usage import UsageRecord
+from agentvm.domain.usage import UnitPrices, UsageRecord
 from agentvm.money import cost_of
 from agentvm.services.usage_export import FOCUS_COLUMNS, VALIDATOR_ALIASES, focus_csv, focus_rows, usage_jsonl
 from tests.support.focus import (
@@ -99,11 +99,16 @@ STRADDLING = llm(4, "ten_globex", OPUS, Usage(9_999, 1_111, 0, 0), start=ms(31, 
 NO_TOKENS = llm(5, "ten_globex", SONNET, Usage(), start=ms(14, 12), status="interrupted")
 SCRIPTED = llm(6, "ten_initech", "scripted", Usage(50, 20), start=ms(20, 8), provider="scripted")
 LAST_MOMENT = llm(7, "ten_initech", HAIKU, Usage(3, 5, 0, 11), start=ms(30, 23, 59, 58), duration_ms=1_999)
+# A configured provider's model, billed at the prices kept with its record (markup 1.2): 1000 × 0.15 +
+# 200 × 0.60 = 270 per million, list 0.00027, billed 0.000324.
+OA_PRICES = UnitPrices(Decimal("0.15"), Decimal("0.60"), Decimal("0.15"), Decimal("0.075"), Decimal("1.2"))
+PRICED = replace(llm(8, "ten_globex", "oa/gpt-4o-mini", Usage(1_000, 200), start=ms(12, 10), provider="oa"),
+                 list_cost=Decimal("0.00027000"), billed_cost=Decimal("0.00032400"), prices=OA_PRICES)
 
 
 def scripted_month() -> list[UsageRecord]:
     rng = Random(20261101)
-    records = [FULL, FAILED, SANDBOX, STRADDLING, NO_TOKENS, SCRIPTED, LAST_MOMENT]
+    records = [FULL, FAILED, SANDBOX, STRADDLING, NO_TOKENS, SCRIPTED, LAST_MOMENT, PRICED]
     tenants = ["ten_acme", "ten_globex", "ten_initech"]
     for n in range(100, 220):
         tenant = rng.choice(tenants)
@@ -282,6 +287,18 @@ def test_validator_aliases_repeat_the_1_0_columns() -> None:
 def test_markup_sets_the_contracted_unit_price() -> None:
     [row] = focus_rows([FAILED], billing_period=PERIOD, markup=Decimal("1.10"))
     assert (row["ListUnitPrice"], row["ContractedUnitPrice"]) == ("1.0", "1.10")
+
+
+def test_a_record_with_its_prices_is_exported_at_them_not_at_the_table() -> None:
+    rows = focus_rows([PRICED], billing_period=PERIOD, markup=Decimal("1.05"))
+    assert [(r["SkuId"], r["PublisherName"], r["ListUnitPrice"], r["ContractedUnitPrice"], r["PricingQuantity"],
+             r["ListCost"], r["BilledCost"]) for r in rows] == [
+        ("oa/gpt-4o-mini/input", "oa", "0.15", "0.180", "0.001", "0.00015000", "0.00018000"),
+        ("oa/gpt-4o-mini/output", "oa", "0.60", "0.720", "0.0002", "0.00012000", "0.00014400"),
+    ]
+    # a record without prices (written before they were kept) is still priced from the table
+    old = focus_rows([replace(PRICED, prices=None, model=HAIKU, provider="anthropic")], billing_period=PERIOD)[0]
+    assert (old["ListUnitPrice"], old["SkuId"]) == ("1.0", "anthropic/claude-haiku-4/input")
 
 
 def test_a_record_of_another_month_or_kind_is_refused() -> None:

@@ -332,7 +332,7 @@ def test_openai_messages_become_anthropic_messages() -> None:
                         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3},
                          "temperature"),
                         ({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                          "response_format": {"type": "json_object"}}, "response_format"),
+                          "response_format": {"type": "yaml"}}, "response_format.type"),
                         ({"messages": [{"role": "user", "content": "x"}]}, "model"),
                         ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id")]:
         with pytest.raises(InvalidRequest) as refused:

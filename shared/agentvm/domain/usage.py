@@ -23,6 +23,36 @@ class Hold:
 
 
 @dataclass(frozen=True, slots=True)
+class UnitPrices:
+    """The list prices an LLM call was billed at (USD per million tokens) and the markup over them, kept
+    with its usage record: an export months later shows what was charged, not the prices configured
+    then. Stored as one text field (`to_text`: five decimals, space-separated)."""
+
+    input: Decimal
+    output: Decimal
+    cache_write: Decimal
+    cache_read: Decimal
+    markup: Decimal
+
+    def to_text(self) -> str:
+        return " ".join(format(v, "f") for v in (self.input, self.output, self.cache_write, self.cache_read,
+                                                 self.markup))
+
+    @classmethod
+    def from_text(cls, text: str) -> UnitPrices:
+        values = [Decimal(v) for v in text.split()]
+        if len(values) != 5:
+            raise ValueError(f"unit prices {text!r}: five decimals expected (input output cacheWrite cacheRead "
+                             "markup)")
+        return cls(*values)
+
+    def to_wire(self) -> JSON:
+        return {"input": format(self.input, "f"), "output": format(self.output, "f"),
+                "cacheWrite": format(self.cache_write, "f"), "cacheRead": format(self.cache_read, "f"),
+                "markup": format(self.markup, "f")}
+
+
+@dataclass(frozen=True, slots=True)
 class UsageRecord:
     """One metered thing, written once: an LLM call (`kind` "llm", tokens and their cost) or the
     sandbox time of a container-tier turn (`kind` "sandbox", `sandbox_ms`, free: users pay tokens).
@@ -52,6 +82,9 @@ class UsageRecord:
     # True when the output tokens are AgentVM's estimate, not the provider's count: the stream broke
     # (or never reported its output) after output was streamed (docs/billing.md)
     estimated: bool = False
+    # the list prices and markup the call was billed at; None for sandbox time and for records written
+    # before they were kept (the FOCUS export then prices them from its price table)
+    prices: UnitPrices | None = None
 
     @property
     def duration_ms(self) -> int:
@@ -70,7 +103,7 @@ class UsageRecord:
             "listCost": format(self.list_cost, "f"), "billedCost": format(self.billed_cost, "f"),
             "currency": self.currency, "tier": self.tier, "status": self.status,
             "startedAt": self.started_at, "endedAt": self.ended_at, "durationMs": self.duration_ms,
-            "estimated": self.estimated,
+            "estimated": self.estimated, "prices": self.prices.to_wire() if self.prices is not None else None,
         }
 
 

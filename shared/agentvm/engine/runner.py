@@ -29,7 +29,7 @@ from agentvm.domain.models import (
     TurnStatus,
     Usage,
 )
-from agentvm.domain.usage import Hold, model_family
+from agentvm.domain.usage import Hold, UnitPrices, model_family
 from agentvm.drivers.base import (
     HiddenOutput,
     InputJsonDelta,
@@ -48,7 +48,7 @@ from agentvm.engine.coalescer import DeltaCoalescer
 from agentvm.engine.history import SessionHistory
 from agentvm.errors import AgentVMError, UpstreamError
 from agentvm.ids import message_id, now_ms
-from agentvm.money import DEFAULT_MARKUP, Cost, ModelPrice, cost_of, money_text
+from agentvm.money import DEFAULT_MARKUP, Cost, ModelPrice, cost_of, money_text, price_for
 from agentvm.observability import tracing
 from agentvm.ports import CallMeter, Driver, Store, ToolRunner
 from agentvm.protocol import events as wire
@@ -316,9 +316,11 @@ class TurnRunner:
         if msg.usage == Usage():
             await self.meter.release(turn, hold)  # nothing reached the provider's meter
             return
+        p = price_for(msg.model or self.options.default_model, self.options.prices)  # as `_count` priced it
         await self.meter.settle(turn, hold, call=self._llm_calls, provider=self.driver.name,
                                 model=msg.model or request.model, usage=msg.usage, cost=msg.cost, status=status,
-                                estimated=msg.estimated)
+                                estimated=msg.estimated,
+                                prices=UnitPrices(p.input, p.output, p.cache_write, p.cache_read, self.options.markup))
 
     def _count(self, msg: _Msg) -> None:
         """Add an LLM call's usage once, whether it completed, failed or was interrupted."""

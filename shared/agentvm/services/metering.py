@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from decimal import ROUND_CEILING, Decimal
 
 from agentvm.domain.models import Turn, Usage
-from agentvm.domain.usage import Budget, Hold, UsageRecord, minute_of, period_of
+from agentvm.domain.usage import Budget, Hold, UnitPrices, UsageRecord, minute_of, period_of
 from agentvm.drivers.base import LLMRequest
 from agentvm.drivers.token_bounds import worst_input_tokens
 from agentvm.errors import QuotaExceeded, RateLimited
@@ -117,7 +117,8 @@ class Meter:
         return await self.ledger.release_turn(turn.tenant_id, turn.key_id, turn.turn_id, periods)
 
     async def settle(self, turn: Turn, hold: Hold, *, call: int, provider: str, model: str, usage: Usage,
-                     cost: Cost, status: str, estimated: bool = False) -> UsageRecord:
+                     cost: Cost, status: str, estimated: bool = False,
+                     prices: UnitPrices | None = None) -> UsageRecord:
         """Write the call's usage record once (its `cost` as the engine computed it for the turn) and
         replace its hold by its billed cost. A ledger failure is logged with the whole record (the turn
         row keeps the usage too) and does not fail the turn. A call billed above its hold is billed all
@@ -128,7 +129,8 @@ class Meter:
             container_id=turn.container_id, image_id=turn.image_id, session_id=turn.session_id,
             turn_id=turn.turn_id, kind="llm", provider=provider, model=model, usage=usage,
             list_cost=cost.list, billed_cost=cost.billed, tier=turn.tier, status=status,
-            started_at=hold.started_at, ended_at=max(self._clock(), hold.started_at), estimated=estimated)
+            started_at=hold.started_at, ended_at=max(self._clock(), hold.started_at), estimated=estimated,
+            prices=prices)
         if hold.amount and record.billed_cost > hold.amount:
             log.warning("budget hold exceeded: an LLM call was billed above its hold", extra={
                 "tenant_id": turn.tenant_id, "turn_id": turn.turn_id, "record_id": record.record_id,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from agentvm.domain.models import Principal, Turn, TurnStatus, Usage
-from agentvm.domain.usage import Hold
+from agentvm.domain.usage import Hold, UnitPrices
 from agentvm.drivers.base import (
     DriverEvent,
     HiddenOutput,
@@ -51,6 +51,7 @@ class Billed:
     cost: Cost
     record_id: str
     estimated: bool = False
+    markup: Decimal = Decimal(1)  # the markup `cost` was billed at
 
 
 @dataclass(slots=True)
@@ -174,7 +175,7 @@ class TokenGateway:
         finally:
             usage, estimated = tally.billed(request)
             cost = cost_of(usage, model.upstream_model, markup=markup, prices={model.upstream_model: model.price})
-            billed = Billed(usage, cost, f"{turn.turn_id}#llm#1", estimated)
+            billed = Billed(usage, cost, f"{turn.turn_id}#llm#1", estimated, markup)
             # shielded: a client that went away cancels the response, never the bill
             settling = asyncio.ensure_future(self._settle(turn, hold, model, billed, status))
             self._settling.add(settling)
@@ -194,8 +195,10 @@ class TokenGateway:
         if billed.usage == Usage():
             await self._meter.release(turn, hold)  # nothing reached the provider's meter
             return
+        p = model.price
         await self._meter.settle(turn, hold, call=1, provider=model.provider, model=model.ledger_model,
-                                 usage=billed.usage, cost=billed.cost, status=status, estimated=billed.estimated)
+                                 usage=billed.usage, cost=billed.cost, status=status, estimated=billed.estimated,
+                                 prices=UnitPrices(p.input, p.output, p.cache_write, p.cache_read, billed.markup))
 
 
 def _resolve(catalog: ModelCatalog, name: str) -> CatalogModel:

@@ -27,7 +27,8 @@ BillingPeriodEnd            first instant of the next month, `2026-12-01T00:00:0
 BillingPeriodStart          first instant of `billing_period`, `2026-11-01T00:00:00Z`
 ChargeCategory              "Usage"
 ChargeClass                 null (no corrections)
-ChargeDescription           e.g. "claude-sonnet-4-5 input tokens (Anthropic) at 3.0 USD per 1M tokens list price"
+ChargeDescription           e.g. "claude-sonnet-4-5 input tokens (Anthropic) at 3.0 USD per 1M tokens list price";
+                            a configured provider's model by its upstream name: "gpt-4o-mini input tokens (oa) at …"
 ChargeFrequency             "Usage-Based"
 ChargePeriodEnd             the record's `ended_at` rounded up to the second (at least start + 1 s)
 ChargePeriodStart           the record's `started_at` rounded down to the second, not before the billing period
@@ -39,16 +40,20 @@ CommitmentDiscountType      null
 ConsumedQuantity            tokens of the row's class; sandbox: seconds (ms / 1000)
 ConsumedUnit                "Tokens"; sandbox: "Seconds"
 ContractedCost              = BilledCost (AgentVM's price is the list price × markup; no other discount)
-ContractedUnitPrice         ListUnitPrice × markup
+ContractedUnitPrice         ListUnitPrice × the markup the record was billed at (its `prices`; else `markup`)
 EffectiveCost               = BilledCost (nothing to amortize)
 InvoiceIssuerName           "AgentVM"
 ListCost                    the row's share of the record's `list_cost` (the model vendor's list price)
-ListUnitPrice               USD per PricingUnit, from `prices` (money.DEFAULT_PRICES); sandbox: 0
+ListUnitPrice               USD per PricingUnit: the list price the call was billed at (the record's `prices`,
+                            kept at settle time); a record without them (written before they were kept) from
+                            `prices` (money.DEFAULT_PRICES); sandbox: 0
 PricingCategory             "Standard"
 PricingQuantity             tokens / 1,000,000; sandbox: seconds
 PricingUnit                 "1000000 Tokens" (the price table is per million tokens); sandbox: "Seconds"
 ProviderName                "AgentVM" (resells the model calls)
-PublisherName               the model's vendor: "Anthropic" for provider "anthropic"; AgentVM for the sandbox
+PublisherName               the model's vendor: "Anthropic" for provider "anthropic" ("OpenAI", "Amazon Bedrock",
+                            "DeepSeek" for providers so named; else the configured provider's name); AgentVM
+                            for the sandbox
 RegionId                    null
 RegionName                  null
 ResourceId                  the session id
@@ -57,7 +62,8 @@ ResourceType                "Session"
 ServiceCategory             "AI and Machine Learning"; sandbox: "Compute"
 ServiceName                 "AgentVM LLM"; sandbox: "AgentVM Sandbox"
 SkuId                       `<provider>/<price family>/<class>`: `anthropic/claude-sonnet-4/input`, `/output`,
-                            `/cache-read`, `/cache-write`; sandbox: `agentvm/sandbox/container-time`
+                            `/cache-read`, `/cache-write`; a configured provider's model `<provider>/<model>/
+                            <class>` (`oa/gpt-4o-mini/input`); sandbox: `agentvm/sandbox/container-time`
 SkuPriceId                  SkuId + "/standard" (no amounts or dates in it: stable across periods)
 SubAccountId                the container id
 SubAccountName              the container's display name from `display_names`, else null
@@ -119,7 +125,8 @@ TOKEN_UNIT = "Tokens"
 TOKEN_PRICING_UNIT = "1000000 Tokens"  # UnitFormat `<unit-quantity> <plural-units>`: prices are per million
 SECONDS = "Seconds"
 SANDBOX_SKU = "agentvm/sandbox/container-time"
-_PUBLISHERS = {"anthropic": "Anthropic", "scripted": AGENTVM, "agentvm": AGENTVM}
+_PUBLISHERS = {"anthropic": "Anthropic", "scripted": AGENTVM, "agentvm": AGENTVM, "openai": "OpenAI",
+               "bedrock": "Amazon Bedrock", "deepseek": "DeepSeek"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +174,8 @@ def _record_rows(record: UsageRecord, billing_period: str, bounds: tuple[int, in
         raise ValueError(f"usage record {record.record_id} is charged in {record.period}, "
                          f"not in the billing period {billing_period}")
     parts = _parts(record, table)
+    if record.prices is not None:
+        markup = record.prices.markup  # the markup the call was billed at
     list_costs = _split(record.list_cost, parts)
     billed_costs = _split(record.billed_cost, parts)
     start_s = max(record.started_at // 1000, period_start)
@@ -297,6 +306,13 @@ def _parts(record: UsageRecord, table: dict[str, ModelPrice]) -> list[_Part]:
     model = record.model or "unknown"
     family = _price_family(model, table)
     price = price_for(model, table) if table else ModelPrice(Decimal(0), Decimal(0), Decimal(0), Decimal(0))
+    if record.prices is not None:
+        # the prices the call was billed at (not the table's, nor today's configuration)
+        p = record.prices
+        price = ModelPrice(p.input, p.output, p.cache_write, p.cache_read)
+        if model.startswith(f"{record.provider}/"):
+            # a configured provider's model (its catalog id `provider/model`): SkuId provider/model/class
+            model = family = model[len(record.provider) + 1:]
     usage = record.usage
     classes = [
         ("input", usage.input_tokens, price.input),

@@ -98,7 +98,7 @@ from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.adapters.aws.dynamodb_table import GSI_CONTAINER, GSI_TENANT
 from agentvm.adapters.aws.dynamodb_usage_stream import stream_all
 from agentvm.domain.models import Usage
-from agentvm.domain.usage import Budget, Spend, UsageRecord, precheck_hold
+from agentvm.domain.usage import Budget, Spend, UnitPrices, UsageRecord, precheck_hold
 from agentvm.ids import now_ms
 
 _RECORD_SK: Final = "REC"
@@ -496,6 +496,8 @@ def _record_item(r: UsageRecord) -> Item:
     _put_opt(item, "model", r.model)
     if r.estimated:
         item["usage_estimated"] = {"BOOL": True}
+    if r.prices is not None:
+        item["unit_prices"] = _s(r.prices.to_text())
     return item
 
 
@@ -509,7 +511,8 @@ def _record(i: Mapping[str, Any]) -> UsageRecord:
         list_cost=Decimal(i["list_cost"]["S"]), billed_cost=Decimal(i["billed_cost"]["S"]), tier=i["tier"]["S"],
         status=i["status"]["S"], started_at=_int(i, "started_at"), ended_at=_int(i, "ended_at"),
         sandbox_ms=_int(i, "sandbox_ms"), currency=i["currency"]["S"],
-        estimated=bool(i.get("usage_estimated", {}).get("BOOL", False)))
+        estimated=bool(i.get("usage_estimated", {}).get("BOOL", False)),
+        prices=UnitPrices.from_text(i["unit_prices"]["S"]) if "unit_prices" in i else None)
 
 
 def _budget(i: Mapping[str, Any]) -> Budget:

@@ -265,4 +265,9 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE usage_records ADD COLUMN usage_estimated INTEGER NOT NULL DEFAULT 0;
     """,
+    # 12: a usage record keeps the list prices and markup it was billed at (domain.usage.UnitPrices text;
+    # NULL for sandbox time and older records)
+    """
+    ALTER TABLE usage_records ADD COLUMN unit_prices TEXT;
+    """,
 ]

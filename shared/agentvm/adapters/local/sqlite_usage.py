@@ -17,11 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 from agentvm.adapters.local.sqlite_store import SqliteStore
 from agentvm.domain.models import Usage
-from agentvm.domain.usage import Budget, CounterDeltas, Spend, UsageRecord, precheck_hold, settle_deltas
+from agentvm.domain.usage import (
+    Budget,
+    CounterDeltas,
+    Spend,
+    UnitPrices,
+    UsageRecord,
+    precheck_hold,
+    settle_deltas,
+)
 
 _RECORD_COLS = ("tenant_id, record_id, key_id, container_id, image_id, session_id, turn_id, kind, provider, "
                 "model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, sandbox_ms, "
-                "list_cost, billed_cost, currency, tier, status, started_at, ended_at, usage_estimated")
+                "list_cost, billed_cost, currency, tier, status, started_at, ended_at, usage_estimated, unit_prices")
 _ZERO = Decimal(0)
 _STREAM_PAGE = 1000
 #: Rate windows older than this many minutes are dropped when their budget counts a new request.
@@ -89,7 +97,7 @@ class SqliteUsageLedger:
                      key_held: bool) -> bool:
         def job(c: sqlite3.Connection) -> bool:
             cur = c.execute(f"INSERT OR IGNORE INTO usage_records ({_RECORD_COLS}) "
-                            f"VALUES ({','.join('?' * 23)})", _record_row(record))
+                            f"VALUES ({','.join('?' * 24)})", _record_row(record))
             if cur.rowcount != 1:
                 return False
             held = reserved if reserved and _drop_hold(c, record.tenant_id, record.turn_id) else _ZERO
@@ -251,7 +259,7 @@ def _record_row(r: UsageRecord) -> tuple[Any, ...]:
     return (r.tenant_id, r.record_id, r.key_id, r.container_id, r.image_id, r.session_id, r.turn_id, r.kind,
             r.provider, r.model, u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens,
             r.sandbox_ms, _text(r.list_cost), _text(r.billed_cost), r.currency, r.tier, r.status, r.started_at,
-            r.ended_at, int(r.estimated))
+            r.ended_at, int(r.estimated), r.prices.to_text() if r.prices is not None else None)
 
 
 def _record(r: tuple[Any, ...]) -> UsageRecord:
@@ -259,7 +267,8 @@ def _record(r: tuple[Any, ...]) -> UsageRecord:
                        session_id=r[5], turn_id=r[6], kind=r[7], provider=r[8], model=r[9],
                        usage=Usage(r[10], r[11], r[12], r[13]), sandbox_ms=r[14], list_cost=Decimal(r[15]),
                        billed_cost=Decimal(r[16]), currency=r[17], tier=r[18], status=r[19], started_at=r[20],
-                       ended_at=r[21], estimated=bool(r[22]))
+                       ended_at=r[21], estimated=bool(r[22]),
+                       prices=UnitPrices.from_text(r[23]) if r[23] else None)
 
 
 if TYPE_CHECKING:
