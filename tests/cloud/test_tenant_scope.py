@@ -89,7 +89,7 @@ def _refs(table: str, bucket: str) -> dict[str, str]:
     return {"Table.Arn": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{table}", "Bucket.Arn": f"arn:aws:s3:::{bucket}",
             "AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCOUNT, "AWS::StackName": STACK,
             "WebSocketApi": "wsapi", "WebSocketStageName": "live", "WorkerTaskRole.Arn": TASK_ROLE_SESSION,
-            "TenantWorkerRole.Arn": TENANT_ROLE_ARN, "LlmSecretArn": SECRET_ARN}
+            "TenantWorkerRole.Arn": TENANT_ROLE_ARN, "LlmSecretArn": SECRET_ARN, "BedrockModels": "amazon.nova-*"}
 
 
 def tenant_role_policies(table: str, bucket: str) -> list[dict[str, Any]]:
