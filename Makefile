@@ -14,7 +14,9 @@ UV_STAMP := $(VENV)/.uv-$(UV_VERSION)
 UV_ENV := UV_PROJECT_ENVIRONMENT="$(abspath $(VENV))" VIRTUAL_ENV= UV_NO_PROGRESS=1
 # --locked: refuse (instead of re-resolving) when pyproject.toml and uv.lock disagree: run `make lock`.
 # --inexact: keep what the lock does not list (uv itself, pip).
-UV_SYNC := $(UV_ENV) $(UV) sync --quiet --locked --inexact
+# --compile-bytecode: the .pyc files are written once here; without them every process the suite starts
+# (servers, handlers, CLIs) compiles its libraries again where PYTHONDONTWRITEBYTECODE is set (as on CI).
+UV_SYNC := $(UV_ENV) $(UV) sync --quiet --locked --inexact --compile-bytecode
 # Re-install when the dependencies or their lock change.
 LOCK_SUM := $(shell cat pyproject.toml uv.lock 2>/dev/null | cksum | cut -d' ' -f1)
 RUNTIME_STAMP := $(VENV)/.runtime-$(LOCK_SUM)
@@ -75,6 +77,8 @@ typecheck: $(DEV_STAMP)
 # three: 178 %, 7 min 50 s); worksteal evens out the few long tests.
 PYTEST_WORKERS ?= 3
 unit: $(DEV_STAMP) sam-cli system-packages focus-validator mcp-servers
+	@# this tree's bytecode, written once (changed files only) for the hundreds of processes the suite starts
+	@$(BIN)/python -m compileall -q -j 0 shared local client functions tests > /dev/null
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The five set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.
@@ -117,7 +121,7 @@ TOOL_PINS ?= 1
 tool_pins = $(if $(filter 1,$(TOOL_PINS)),--constraint constraints/$(1).txt)
 tool_pins_said = $(if $(filter 1,$(TOOL_PINS)),pinned: constraints/$(1).txt,unpinned: newest versions)
 # pip too: the bundled one of `python -m venv` is older than the pinned one
-UV_TOOL_INSTALL := $(UV_ENV) $(UV) pip install --quiet --upgrade-package pip
+UV_TOOL_INSTALL := $(UV_ENV) $(UV) pip install --quiet --compile-bytecode --upgrade-package pip
 freeze_into = { sed -n '/^\# /p;/^$$/q' constraints/$(2).txt; echo; $(1)/bin/python -m pip freeze --all \
 	--disable-pip-version-check | grep -v -i -E '^(setuptools|wheel)=='; } > constraints/$(2).txt.new && \
 	mv constraints/$(2).txt.new constraints/$(2).txt
