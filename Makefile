@@ -78,7 +78,7 @@ typecheck: $(DEV_STAMP)
 PYTEST_WORKERS ?= 3
 unit: $(DEV_STAMP) sam-cli system-packages focus-validator mcp-servers
 	@# this tree's bytecode, written once (changed files only) for the hundreds of processes the suite starts
-	@$(BIN)/python -m compileall -q -j 0 shared local client functions tests > /dev/null
+	@$(BIN)/python -m compileall -q -j 0 shared local client functions tests
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The five set-ups are independent and mostly wait on downloads: built side by side on a fresh clone.

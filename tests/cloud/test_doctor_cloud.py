@@ -16,15 +16,14 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-import uvicorn
 
 from agentvm import __version__
 from agentvm.adapters.aws.dynamodb_store import DynamoDBStore
 from agentvm.cloud import runtime as cloud_runtime
-from agentvm.cloud.stream_app import create_stream_app
 from tests.aws_fixtures import moto_table, put_new_key, without_agentvm_env
 from tests.support.cloud_edge import CloudEdge, cloud_edge
 from tests.support.servers import REPO, free_port
+from tests.support.stream_server import serving_stream_app
 
 ID = r"[a-z0-9_]+"
 
@@ -47,20 +46,10 @@ async def stack(aws_env: None, moto_endpoint: str, monkeypatch: pytest.MonkeyPat
                                 "AVM_RELIABLE_WRAPPER": "false"}.items():
                 monkeypatch.setenv(name, value)
             cloud_runtime.reset()
-            port = free_port()
-            server = uvicorn.Server(uvicorn.Config(create_stream_app(), host="127.0.0.1", port=port,
-                                                   lifespan="off", log_config=None, access_log=False))
-            server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-            task = asyncio.get_running_loop().create_task(server.serve())
-            for _ in range(500):
-                if server.started:
-                    break
-                await asyncio.sleep(0.01)
             try:
-                yield Stack(edge, store, f"http://127.0.0.1:{port}", token)
+                async with serving_stream_app() as url:
+                    yield Stack(edge, store, url, token)
             finally:
-                server.should_exit = True
-                await asyncio.wait_for(task, 30)
                 cloud_runtime.reset()
 
 

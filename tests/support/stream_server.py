@@ -34,6 +34,18 @@ async def stream_server(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, ten
         record, token = new_key(tenant)
         await DynamoDBKeys(rt.store).put_key(record)
         tokens[tenant] = token
+    try:
+        async with serving_stream_app() as url:
+            yield url, tokens
+    finally:
+        await rt.store.close()
+        cloud_runtime.reset()
+
+
+@contextlib.asynccontextmanager
+async def serving_stream_app() -> AsyncIterator[str]:
+    """`create_stream_app()` (on the environment as it is) served by uvicorn on a free port, in this
+    loop; yields its base URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_stream_app(), host="127.0.0.1", port=port, lifespan="off",
                                            log_config=None, access_log=False))
@@ -44,9 +56,7 @@ async def stream_server(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, ten
             break
         await asyncio.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}", tokens
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 30)
-        await rt.store.close()
-        cloud_runtime.reset()

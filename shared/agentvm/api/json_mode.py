@@ -43,6 +43,7 @@ class JsonMode:
     tool: str  # the forced tool's name: the schema's name, or json_object
     schema: JSON
     description: str = _DESCRIPTION
+    kind: str = "json_schema"  # or json_object
 
 
 def _bad(param: str, problem: str) -> InvalidRequest:
@@ -80,7 +81,7 @@ def _simple(kind: Any, param: str) -> JsonMode | None:
         return None
     if kind == "json_object":
         return JsonMode("json_object", {"type": "object"},
-                        "Give your answer as this tool's input: a JSON object of your choosing.")
+                        "Give your answer as this tool's input: a JSON object of your choosing.", "json_object")
     raise _bad(f"{param}.type", "must be text, json_object or json_schema")
 
 

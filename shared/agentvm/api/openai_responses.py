@@ -214,7 +214,7 @@ def _format_wire(mode: JsonMode | None) -> JSON:
     """`text.format` as a response echoes it."""
     if mode is None:
         return {"type": "text"}
-    if mode.tool == "json_object" and mode.schema == {"type": "object"}:
+    if mode.kind == "json_object":
         return {"type": "json_object"}
     return {"type": "json_schema", "name": mode.tool, "schema": mode.schema, "strict": None}
 
