@@ -13,6 +13,9 @@ wall time and in CPU time (`time.process_time`); the limit is judged on CPU time
 machine's load barely moves (wall-time ratios swung from 1.9 to 3.2 for one handler at a load average
 of 5-7 on 2 cores).
 
+The child imports only what the function's deployment holds (`not_deployed`: this venv's other
+packages raise ModuleNotFoundError, so optional imports fall back as in Lambda). For the two web apps
+the run also reports, not judged, init plus the routes a first request builds (FIRST_REQUESTS).
 The run also lists which heavy top-level packages each handler left in `sys.modules`. Exit status:
 1 if a handler loads `anthropic` or fails to import, and in full mode also if a ratio exceeds
 LIMIT_RATIO. Expected handlers that do not exist yet get a "missing" row and do not fail the run.
@@ -23,9 +26,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
+import importlib.metadata
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -56,6 +62,14 @@ BASELINE = "boto3"
 _CHILD = f"""
 import importlib, sys, time
 target = sys.argv[1]
+_hidden = frozenset(sys.argv[2].split(","))
+class _NotDeployed:  # this venv's packages that the function's deployment does not hold
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.partition(".")[0] in _hidden:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not deployed with this function)", name=name)
+        return None
+sys.meta_path.insert(0, _NotDeployed)
 app = target.startswith("app:")
 if app:
     module, _, factory = target[4:].partition(":")
@@ -65,15 +79,27 @@ elif target != {BASELINE!r}:
 t0, c0 = time.perf_counter(), time.process_time()
 if app:  # what `python -m uvicorn --factory module:factory` imports and runs before it listens
     importlib.import_module("uvicorn.main")
-    getattr(importlib.import_module(module), factory)()
+    made = getattr(importlib.import_module(module), factory)()
 else:
-    importlib.import_module(target)
+    handler = importlib.import_module(target)
 elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+first_cpu = 0.0
+if len(sys.argv) > 3:  # then build the routes a first request of this path builds (api/route_groups.py)
+    found = made if app else next(v.app for v in vars(handler).values()
+                                  if hasattr(getattr(v, "app", None), "user_middleware"))
+    groups = next(m.kwargs["groups"] for m in found.user_middleware if m.cls.__name__ == "BuildRoutes")
+    f0 = time.process_time()
+    groups.need(sys.argv[3])
+    first_cpu = time.process_time() - f0
 import json
 tops = {{name.partition(".")[0] for name in sys.modules}}
 print(json.dumps({{"ms": elapsed * 1000, "cpu_ms": cpu * 1000, "modules": len(sys.modules),
-                  "heavy": sorted(tops & set({HEAVY!r}))}}))
+                  "heavy": sorted(tops & set({HEAVY!r})), "first_cpu_ms": first_cpu * 1000}}))
 """
+# The web apps build each router on the first request of its paths: init plus such a request's routes,
+# for a few first requests (reported, not judged: the limit is on the import).
+FIRST_REQUESTS = {"http_api": ("/v1/resources", "/v1/usage"),
+                  "chat_stream": ("/api/v1/chat/completions", "/v1/chat/completions")}
 
 
 def lambda_env(name: str, function_dir: Path) -> dict[str, str]:
@@ -109,6 +135,7 @@ def lambda_env(name: str, function_dir: Path) -> dict[str, str]:
         "AVM_LOG_LEVEL": "INFO",
         "POWERTOOLS_SERVICE_NAME": "agentvm",
         "POWERTOOLS_METRICS_NAMESPACE": "AgentVM",
+        "PYDANTIC_DISABLE_PLUGINS": "__all__",
     }
 
 
@@ -118,22 +145,79 @@ class Sample:
     cpu_ms: float
     modules: int
     heavy: tuple[str, ...]
+    first_cpu_ms: float = 0.0
 
 
 class ImportFailed(RuntimeError):
     pass
 
 
-def import_once(target: str, folder: Path, env: Mapping[str, str]) -> Sample:
+def _requirements(path: Path) -> set[str]:
+    names = set()
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        line = line.split("#")[0].strip()
+        if line and not line.startswith("-"):
+            names.add(_dist_key(re.split(r"[\[=<>~!; ]", line, maxsplit=1)[0]))
+    return names
+
+
+def _dist_key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@functools.cache
+def not_deployed(folder: Path) -> str:
+    """The top-level packages of this venv that the function's deployment lacks (the AgentVM layer's
+    shared/requirements.txt and the function's own requirements.txt), comma-separated: the child cannot
+    import them, so optional imports (uvicorn's watchfiles, FastAPI's email-validator …) fall back as in
+    Lambda."""
+    deployed = _requirements(SHARED / "requirements.txt") | _requirements(folder / "requirements.txt")
+    hidden = {top for top, dists in importlib.metadata.packages_distributions().items()
+              if top.isidentifier() and not any(_dist_key(d) in deployed for d in dists)}
+    return ",".join(sorted(hidden - {"agentvm"}))  # agentvm: the layer itself (shared/ on PYTHONPATH)
+
+
+def import_once(target: str, folder: Path, env: Mapping[str, str], first_path: str | None = None) -> Sample:
     """One import in a fresh interpreter started in the function's folder (Lambda's /var/task).
-    `target` is that folder (import its handler) or BASELINE."""
-    proc = subprocess.run([sys.executable, "-c", _CHILD, target], cwd=folder, env=dict(env), capture_output=True,
-                          text=True, timeout=CHILD_TIMEOUT_S, check=False)
+    `target` is that folder (import its handler) or BASELINE; `first_path`: then build the routes the
+    first request of that path builds."""
+    extra = [] if first_path is None else [first_path]
+    proc = subprocess.run([sys.executable, "-c", _CHILD, target, not_deployed(folder), *extra], cwd=folder,
+                          env=dict(env), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         raise ImportFailed(lines[-1] if lines else f"exit status {proc.returncode}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return Sample(float(out["ms"]), float(out["cpu_ms"]), int(out["modules"]), tuple(out["heavy"]))
+    return Sample(float(out["ms"]), float(out["cpu_ms"]), int(out["modules"]), tuple(out["heavy"]),
+                  float(out["first_cpu_ms"]))
+
+
+def measure_first_requests(runs: int) -> list[dict[str, object]]:
+    """CPU ms of init plus the routes of a first request, for each of FIRST_REQUESTS, alternating with
+    boto3's import; median of `runs`."""
+    rows: list[dict[str, object]] = []
+    for name, paths in FIRST_REQUESTS.items():
+        folder = FUNCTIONS / name
+        env = lambda_env(name, folder)
+        for path in paths:
+            init, first, base = [], [], []
+            for _ in range(runs):
+                base.append(import_once(BASELINE, folder, env).cpu_ms)
+                sample = import_once(target_of(name, folder), folder, env, path)
+                init.append(sample.cpu_ms)
+                first.append(sample.first_cpu_ms)
+            total = statistics.median(i + f for i, f in zip(init, first, strict=True))
+            rows.append({"function": name, "path": path, "init_cpu_ms": statistics.median(init),
+                         "first_request_cpu_ms": statistics.median(first), "total_cpu_ms": total,
+                         "boto3_cpu_ms": statistics.median(base), "ratio": total / statistics.median(base)})
+    return rows
+
+
+def first_table(rows: list[dict[str, object]]) -> str:
+    lines = ["init + the routes of a first request (CPU ms; reported, not judged):"]
+    lines += [f"  {r['function']:<12} {r['path']:<26} {r['init_cpu_ms']:>6.0f} + {r['first_request_cpu_ms']:>4.0f} = "
+              f"{r['total_cpu_ms']:>6.0f}  boto3 {r['boto3_cpu_ms']:>5.0f}  {r['ratio']:.2f} ×" for r in rows]
+    return "\n".join(lines)
 
 
 @dataclass
@@ -277,6 +361,7 @@ def report(quick: bool) -> tuple[dict[str, object], str, list[str]]:
     runs = QUICK_RUNS if quick else FULL_RUNS
     started, load_before = time.monotonic(), os.getloadavg()[0]
     rows = measure(runs)
+    first = measure_first_requests(runs)
     failed = failures(rows, quick)
     result: dict[str, object] = {
         "mode": "quick" if quick else "full", "runs": runs, "limit_ratio": LIMIT_RATIO,
@@ -285,13 +370,14 @@ def report(quick: bool) -> tuple[dict[str, object], str, list[str]]:
         "duration_s": round(time.monotonic() - started, 1), "heavy_packages": list(HEAVY),
         # A busy machine slows both sides alike (they alternate), but read the ratios with care.
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)], "cores": os.cpu_count(),
-        "handlers": [r.as_dict() for r in rows], "missing": [r.name for r in rows if r.status == "missing"],
+        "handlers": [r.as_dict() for r in rows], "first_requests": first,
+        "missing": [r.name for r in rows if r.status == "missing"],
         "failures": failed, "passed": not failed}
     head = (f"Handler cold imports ({result['mode']}, median of {runs}, fresh interpreter, warm .pyc; judged on "
             f"the CPU ratio) — "
             f"Python {result['python']} — {result['duration_s']} s — load average {load_before:.2f} → "
             f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    text = "\n".join([head, table(rows)])
+    text = "\n".join([head, table(rows), first_table(first)])
     if result["missing"]:
         text += f"\nmissing (not written yet): {', '.join(r.name for r in rows if r.status == 'missing')}"
     return result, text, failed

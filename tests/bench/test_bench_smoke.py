@@ -6,7 +6,8 @@ produced and sane, never how fast anything is: those claims live in `make bench`
 docs/benchmarks.md. The cold imports are the exception: each function's import must stay within
 2.5 × a bare `import boto3` (issue 18, finding 9), judged as the bench judges it, on the median CPU
 time of runs alternating with boto3's in the same fresh-interpreter set-up, which load moves by a few
-per cent at most; the two FastAPI apps, which cannot meet it, within a ceiling of their own. What a handler loads is
+per cent at most (the two FastAPI apps, closest to the limit, get a margin for the load of the suite
+around this quick run, which `make bench` does not give them). What a handler loads is
 deterministic, so that is asserted for every handler: none loads the anthropic SDK, aioboto3 or
 aiohttp; only `http_api` and `chat_stream` (the two web apps) load FastAPI, and only `chat_stream` (its
 server) uvicorn. The bench covers every function of template.yaml.
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench.cold_imports import EXPECTED, LIMIT_RATIO, discover
+from tests.bench.cold_imports import EXPECTED, FIRST_REQUESTS, LIMIT_RATIO, discover
 from tests.support.exclusive import exclusive
 from tests.support.servers import REPO
 from tests.template.template_model import _resources
@@ -36,10 +37,10 @@ FIGURES = {
 WITHOUT_BASELINE = {"rss_bytes_per_container"}
 NEVER = {"anthropic", "aioboto3", "aiobotocore", "aiohttp"}
 WEB_APPS = {"http_api", "chat_stream"}
-# Over the budget while their FastAPI app is built at init (botocore, pydantic and FastAPI alone take
-# ~2.4 ×; docs/benchmarks.md, "Handler cold imports"): the CPU ratio they must stay under instead,
-# measured (2026-11-26: 2.90 and 3.48) plus ~10 % for load. The day one meets 2.5 ×, its test says so.
-FASTAPI_CEILING = {"http_api": 3.2, "chat_stream": 3.8}
+# Measured (2026-11-26, `make bench`, idle): http_api 2.28 ×, chat_stream 2.44 ×, within LIMIT_RATIO with
+# less room than the others (≤ 2.12 ×): in this quick run (3 samples, the suite's other workers busy)
+# they may read up to 8 % over it; `make bench` (7 samples) judges them at LIMIT_RATIO itself.
+LOADED_MARGIN = {"http_api": 1.08, "chat_stream": 1.08}
 
 QuickRun = tuple[subprocess.CompletedProcess[str], dict[str, Any]]
 
@@ -126,12 +127,19 @@ def test_handler_cold_import_is_within_budget(quick_run: QuickRun, name: str) ->
     assert row["status"] == "ok", row
     ratio = row["cpu_ratio"]
     assert positive(ratio) and len(row["cpu_samples_ms"]) == 3, row
-    if name in FASTAPI_CEILING:
-        assert ratio <= FASTAPI_CEILING[name], f"{name}: {ratio:.2f} × boto3 (CPU time) > {FASTAPI_CEILING[name]}"
-        assert ratio > LIMIT_RATIO, f"{name} meets {LIMIT_RATIO} × now ({ratio:.2f}): drop it from FASTAPI_CEILING"
-    else:
-        assert ratio <= LIMIT_RATIO, f"{name}: {ratio:.2f} × boto3 (CPU time) > {LIMIT_RATIO}"
+    limit = LIMIT_RATIO * LOADED_MARGIN.get(name, 1.0)
+    assert ratio <= limit, f"{name}: {ratio:.2f} × boto3 (CPU time) > {limit:.2f}"
+    if name not in LOADED_MARGIN:
         assert row["within_limit"] is True, row
+
+
+def test_the_first_request_of_a_web_app_builds_its_own_routes_only(quick_run: QuickRun) -> None:
+    rows = {(r["function"], r["path"]): r for r in quick_run[1]["cold_imports"]["first_requests"]}
+    assert set(rows) == {(name, path) for name, paths in FIRST_REQUESTS.items() for path in paths}
+    for row in rows.values():
+        assert all(positive(row[k]) for k in ("init_cpu_ms", "first_request_cpu_ms", "total_cpu_ms", "boto3_cpu_ms"))
+        # building one router takes far less than the import did (every router built: ~100-200 ms more)
+        assert row["first_request_cpu_ms"] < row["init_cpu_ms"] / 2, row
 
 
 def test_the_cold_import_bench_covers_every_function_of_the_template() -> None:

@@ -18,26 +18,24 @@ import agentvm.api.fastapi_first  # noqa: F401
 
 # isort: split
 from fastapi import APIRouter, FastAPI, Request
-from starlette.routing import BaseRoute
 
 from agentvm import __version__
-from agentvm.api.config_http import config_router
 from agentvm.api.http_errors import install_error_handlers
 from agentvm.api.request_gate import BodyLimit, RequestGate, resolved_once
-from agentvm.api.resources_http import resources_router
+from agentvm.api.route_groups import BuildRoutes, RouteGroups
 from agentvm.domain.models import Principal
-from agentvm.errors import PayloadTooLarge
+from agentvm.errors import AgentVMError, PayloadTooLarge
 from agentvm.observability import tracing
-from agentvm.services.config import ConfigService
-from agentvm.services.resources import ResourceService
 
 if TYPE_CHECKING:
     from agentvm.ports import Store
     from agentvm.services.agent_models import AgentModels
     from agentvm.services.billing import BillingService
     from agentvm.services.chat import ChatService
+    from agentvm.services.config import ConfigService
     from agentvm.services.keys import Caller, KeyService
     from agentvm.services.metrics import TurnMetrics
+    from agentvm.services.resources import ResourceService
     from agentvm.services.token_gateway import TokenGateway
     from agentvm.services.use_cases import UseCases
 
@@ -106,6 +104,13 @@ ERROR_STATUSES = {400: "Invalid request (a field is named)", 401: "No or an unkn
                   502: "The LLM provider failed", 503: "Not configured, or no capacity now"}
 
 
+HEALTH_ANSWER: dict[str, Any] = {"description": "Always 200: `status` says whether anything is wrong", "content": {
+    "application/json": {"schema": {"type": "object", "required": ["status", "version"], "properties": {
+        "status": {"type": "string", "enum": ["ok", "degraded"]}, "version": {"type": "string"},
+        "problems": {"type": "array", "items": {"type": "string"}, "description": "what is wrong, when degraded"}},
+        "additionalProperties": True}}}}
+
+
 def _declare_errors(doc: dict[str, Any]) -> None:
     doc.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     for schema in ("HTTPValidationError", "ValidationError"):
@@ -141,6 +146,8 @@ def _body_too_large(limit: int) -> PayloadTooLarge:
 
 
 # the token API's routes that take a request body (docs/token-api.md)
+# the session archive's import (api/archive_http.py IMPORT_PATH): its own body limit
+ARCHIVE_IMPORT_PATH = "/v1/sessions/import"
 TOKEN_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
 
 
@@ -161,21 +168,8 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
     app = FastAPI(title="AgentVM", version=__version__, lifespan=lifespan, telemetry=tracing.fastapi_telemetry(),
                   description="AgentVM management API. The AgentX WebSocket protocol is served on /ws.")
 
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            _declare_errors(generate())  # generate() keeps the document in app.openapi_schema
-        return app.openapi_schema or {}
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-    routes: list[BaseRoute] = []  # what the gate authenticates by (the routers' own routes)
-    install_error_handlers(app, lambda: [*app.routes, *routes])
-
-    def include(router: APIRouter) -> None:
-        app.include_router(router)
-        routes.extend(router.routes)
+    groups = RouteGroups(app)  # the routers, built when a request first needs them (api/route_groups.py)
+    install_error_handlers(app, lambda: [*app.routes, *groups.routes])
 
     body_limit = _limit(api.max_body_bytes if api else None, "http_max_body_bytes")
     archive_limit = _limit(api.archive_max_bytes if api else None, "archive_max_bytes")
@@ -183,7 +177,9 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
     callers: list[Callable[[Request], Awaitable[Any]]] = []
     limits: dict[str, BodyLimit] = {}  # by route path; any other route: `body_limit`
 
-    @app.get("/health", tags=["ops"])
+    # its answer's schema declared rather than read from the annotation: a route without a validated
+    # parameter or answer is built without pydantic (built at start-up, unlike the route groups)
+    @app.get("/health", tags=["ops"], response_model=None, responses={200: HEALTH_ANSWER})
     async def health() -> dict[str, Any]:
         answer: dict[str, Any] = {"status": "ok", "version": __version__}
         if api is not None and api.health_extra is not None:
@@ -199,64 +195,19 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         admin_for = None if api.admin_for is None else resolved_once(api.admin_for)
         key_caller = None if api.key_caller is None else resolved_once(api.key_caller)
         callers = [c for c in (principal_for, admin_for, key_caller) if c is not None]
+        _add_groups(groups, api, principal_for, admin_for, key_caller, archive_limit)
         if api.token_gateway is not None and api.token_caller is not None:
-            # each route reads its caller itself (no gate caller): its errors are in its vendor's shape.
-            # First: the router tries its routes in order, and these are the latency-bound ones (their
-            # paths are taken by no other route; docs/benchmarks.md, token API overhead)
-            from agentvm.api.anthropic_http import anthropic_router
-            from agentvm.api.openai_http import openai_router
-            from agentvm.api.openai_responses import responses_router
-
-            include(openai_router(api.token_gateway, api.token_caller, api.agent_models))
-            include(responses_router(api.token_gateway, api.token_caller))
-            include(anthropic_router(api.token_gateway, api.token_caller, api.agent_models))
             token_limit = BodyLimit(_limit(api.token_max_body_bytes, "token_api_max_body_bytes"), _token_body_too_large)
             for path in TOKEN_PATHS:
                 limits[path] = token_limit
-        include(resources_router(api.resources, principal_for))
-        if api.services is not None:  # a session host's (avm serve, chat_stream); http_api never loads them
-            from agentvm.api.images_http import images_router
-            from agentvm.api.search_http import search_router
-            from agentvm.api.sessions_http import sessions_router
-
-            include(images_router(api.services, principal_for))
-            # fixed paths (/v1/sessions/search, /v1/sessions/import) before /v1/sessions/{id}
-            include(search_router(api.services, principal_for))
-            from agentvm.api.archive_http import IMPORT_PATH, archive_router
-            from agentvm.services.session_archive import too_large
-
-            include(archive_router(api.services, principal_for, archive_limit, api.spool_dir))
-            limits[IMPORT_PATH] = BodyLimit(archive_limit, too_large)
-            include(sessions_router(api.services, principal_for))
-        if api.config is not None:
-            include(config_router(api.config, admin_for or principal_for))
-        if api.keys is not None and key_caller is not None:
-            from agentvm.api.keys_http import keys_router
-
-            include(keys_router(api.keys, key_caller))
-        if api.billing is not None and key_caller is not None:
-            from agentvm.api.billing_http import billing_router
-
-            include(billing_router(api.billing, key_caller))
-        if api.chat is not None:
-            from agentvm.api.chat_sse import chat_router
-
-            probe = api.probe
-            if probe is None:
-                raise ValueError("the chat API needs a store probe for its health check")
-            include(chat_router(api.chat, principal_for, probe=probe))
-        if api.metrics is not None or api.turn_log is not None:
-            from agentvm.api.ops_http import ops_router
-
-            include(ops_router(principal_for, metrics=api.metrics, admin_for=admin_for, turn_log=api.turn_log))
-        if api.console_dir is not None:
-            from agentvm.api.console_http import console_router
-
-            include(console_router(api.console_dir, auth=api.console_auth))
-    app.add_middleware(RequestGate, routes=lambda: routes, public=_public_paths(app), callers=callers,
+        if api.services is not None:
+            limits[ARCHIVE_IMPORT_PATH] = BodyLimit(archive_limit, _archive_too_large)
+    app.openapi = _with_every_route(app, groups)  # type: ignore[method-assign]
+    app.add_middleware(RequestGate, routes=lambda: groups.routes, public=_public_paths(app), callers=callers,
                        default_caller=principal_for,
                        default_limit=BodyLimit(body_limit, _body_too_large),
                        limits=limits)
+    app.add_middleware(BuildRoutes, groups=groups)  # outside the gate: it authenticates by the routes
     origins = list(api.cors_origins) if api is not None and api.cors_origins is not None else _env_origins()
     if origins:  # added last, so outermost: a preflight (no key) is answered before the gate asks for one
         from starlette.middleware.cors import CORSMiddleware
@@ -264,6 +215,121 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=CORS_METHODS,
                            allow_headers=CORS_HEADERS, expose_headers=CORS_EXPOSED, max_age=600)
     return app
+
+
+def _with_every_route(app: FastAPI, groups: RouteGroups) -> Callable[[], dict[str, Any]]:
+    """The app's OpenAPI document: of every route (each group built), its errors declared."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            groups.build_all()
+            _declare_errors(generate())  # generate() keeps the document in app.openapi_schema
+        return app.openapi_schema or {}
+
+    return openapi
+
+
+def _add_groups(groups: RouteGroups, api: HttpApi, principal_for: Callable[[Request], Awaitable[Principal]],
+                admin_for: Callable[[Request], Awaitable[Principal]] | None,
+                key_caller: Callable[[Request], Awaitable[Caller]] | None, archive_limit: Callable[[], int]) -> None:
+    """Each router of `api`, with the paths it serves (built on first use: api/route_groups.py)."""
+    token_gateway, token_caller, services = api.token_gateway, api.token_caller, api.services
+    if token_gateway is not None and token_caller is not None:
+        # each route reads its caller itself (no gate caller): its errors are in its vendor's shape.
+        # First: the router tries its routes in order, and these are the latency-bound ones
+        def token_api() -> list[APIRouter]:
+            from agentvm.api.anthropic_http import anthropic_router
+            from agentvm.api.openai_http import openai_router
+            from agentvm.api.openai_responses import responses_router
+
+            return [openai_router(token_gateway, token_caller, api.agent_models),
+                    responses_router(token_gateway, token_caller),
+                    anthropic_router(token_gateway, token_caller, api.agent_models)]
+
+        groups.add(("/v1/models", "/v1/chat/completions", "/v1/responses", "/v1/messages"), token_api)
+
+    def resources() -> list[APIRouter]:
+        from agentvm.api.resources_http import resources_router
+
+        return [resources_router(api.resources, principal_for)]
+
+    groups.add(("/v1/resources",), resources)
+    if services is not None:  # a session host's (avm serve, chat_stream); http_api never loads them
+        def sessions() -> list[APIRouter]:
+            from agentvm.api.archive_http import IMPORT_PATH, archive_router
+            from agentvm.api.images_http import images_router
+            from agentvm.api.search_http import search_router
+            from agentvm.api.sessions_http import sessions_router
+
+            if IMPORT_PATH != ARCHIVE_IMPORT_PATH:
+                raise ValueError(f"the archive import's body limit is set on {ARCHIVE_IMPORT_PATH}, not {IMPORT_PATH}")
+            # fixed paths (/v1/sessions/search, /v1/sessions/import) before /v1/sessions/{id}
+            return [images_router(services, principal_for), search_router(services, principal_for),
+                    archive_router(services, principal_for, archive_limit, api.spool_dir),
+                    sessions_router(services, principal_for)]
+
+        groups.add(("/v1/definitions", "/v1/images", "/v1/sessions", "/v1/turns"), sessions)
+    if api.config is not None:
+        config = api.config
+
+        def config_api() -> list[APIRouter]:
+            from agentvm.api.config_http import config_router
+
+            return [config_router(config, admin_for or principal_for)]
+
+        groups.add(("/v1/config",), config_api)
+    if api.keys is not None and key_caller is not None:
+        keys, keys_caller = api.keys, key_caller
+
+        def keys_api() -> list[APIRouter]:
+            from agentvm.api.keys_http import keys_router
+
+            return [keys_router(keys, keys_caller)]
+
+        groups.add(("/v1/auth",), keys_api)
+    if api.billing is not None and key_caller is not None:
+        billing, billing_caller = api.billing, key_caller
+
+        def billing_api() -> list[APIRouter]:
+            from agentvm.api.billing_http import billing_router
+
+            return [billing_router(billing, billing_caller)]
+
+        groups.add(("/v1/budgets", "/v1/usage"), billing_api)
+    if api.chat is not None:
+        chat, probe = api.chat, api.probe
+        if probe is None:
+            raise ValueError("the chat API needs a store probe for its health check")
+
+        def chat_api() -> list[APIRouter]:
+            from agentvm.api.chat_sse import chat_router
+
+            return [chat_router(chat, principal_for, probe=probe)]
+
+        groups.add(("/api/v1",), chat_api)
+    if api.metrics is not None or api.turn_log is not None:
+        def ops_api() -> list[APIRouter]:
+            from agentvm.api.ops_http import ops_router
+
+            return [ops_router(principal_for, metrics=api.metrics, admin_for=admin_for, turn_log=api.turn_log)]
+
+        groups.add(("/v1/metrics", "/v1/logs", "/metrics"), ops_api)
+    if api.console_dir is not None:
+        console_dir = api.console_dir
+
+        def console() -> list[APIRouter]:
+            from agentvm.api.console_http import console_router
+
+            return [console_router(console_dir, auth=api.console_auth)]
+
+        groups.add(("/", "/console"), console)
+
+
+def _archive_too_large(limit: int) -> AgentVMError:
+    from agentvm.services.session_archive import too_large
+
+    return too_large(limit)
 
 
 CORS_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]

@@ -115,7 +115,7 @@ class RequestGate:
         callers: tuple[Resolver, ...] = ()
         if route is not None:
             callers = self._callers_of(route)
-        elif self._default_caller is not None and _route_path(scope) not in self._public:
+        elif self._default_caller is not None and route_path(scope) not in self._public:
             callers = (self._default_caller,)
         request = Request(scope)  # no `receive`: a caller dependency that read the body would fail
         for caller in callers:
@@ -166,7 +166,7 @@ class RequestGate:
         return found
 
 
-def _route_path(scope: Scope) -> str:
+def route_path(scope: Scope) -> str:
     path: str = scope["path"]
     root: str = scope.get("root_path", "")
     return path[len(root):] if root and path.startswith(root) else path

@@ -37,8 +37,10 @@ if TYPE_CHECKING:
     from agentvm.cloud.runtime import CloudRuntime, Invocation
     from agentvm.domain.models import ConnectionRecord
     from agentvm.ports import EventSource
+    from agentvm.services.agent_models import AgentModels
     from agentvm.services.chat import ChatService
     from agentvm.services.config import ConfigService
+    from agentvm.services.keys import KeyService
     from agentvm.services.resources import ResourceService
     from agentvm.services.use_cases import UseCases
 
@@ -290,13 +292,10 @@ def create_stream_app(runtime: Any = None) -> FastAPI:
 
 
 def _create_stream_app(runtime: Any) -> FastAPI:
+    # the services are imported by the requests that use them: a cold start loads its request's only
     from agentvm.api.http_app import HttpApi, create_app
     from agentvm.api.http_callers import HttpCallers
     from agentvm.cloud import runtime as cloud_runtime
-    from agentvm.services.agent_models import AgentModels
-    from agentvm.services.chat import ChatService
-    from agentvm.services.keys import KeyService
-    from agentvm.services.resources import ResourceService
 
     get_runtime = runtime or cloud_runtime.runtime
 
@@ -323,9 +322,13 @@ def _create_stream_app(runtime: Any) -> FastAPI:
             return CloudFeed(_scope(), tenant_id)
 
     def chat() -> ChatService:
+        from agentvm.services.chat import ChatService
+
         return ChatService(services(), _Feeds())
 
     def resources() -> ResourceService:
+        from agentvm.services.resources import ResourceService
+
         return ResourceService(_scope().rt.store)
 
     def config() -> ConfigService:
@@ -338,6 +341,8 @@ def _create_stream_app(runtime: Any) -> FastAPI:
         return await _scope().rt.store.last_seq("health", "health")
 
     def keys() -> KeyService:
+        from agentvm.services.keys import KeyService
+
         rt = _scope().rt
         return KeyService(rt.key_store, rt.authenticator)
 
@@ -348,12 +353,20 @@ def _create_stream_app(runtime: Any) -> FastAPI:
             await scope.build(p)
         return chat()
 
-    agent_models = AgentModels(chat_for)
+    agent_models: list[AgentModels] = []
+
+    def agent_models_of() -> AgentModels:
+        if not agent_models:
+            from agentvm.services.agent_models import AgentModels
+
+            agent_models.append(AgentModels(chat_for))
+        return agent_models[0]
+
     app = create_app(api=HttpApi(resources=resources, principal_for=principal_for, config=config,
                                  admin_for=callers.admin, services=services, chat=chat, probe=probe, keys=keys,
                                  key_caller=callers.key_caller, billing=lambda: _scope().rt.billing,
                                  turn_log=lambda: _scope().rt.store,
                                  token_gateway=lambda: _scope().rt.token_gateway,
-                                 token_caller=callers.vendor_principal, agent_models=lambda: agent_models))
+                                 token_caller=callers.vendor_principal, agent_models=agent_models_of))
     app.add_middleware(RequestScopes, runtime=get_runtime)
     return app
