@@ -95,16 +95,16 @@ def build_driver(settings: Settings) -> Driver:
 
 
 def build_token_driver(settings: Settings) -> AnthropicLiteDriver | None:
-    """The token API's Anthropic driver when a key is configured: the httpx one (drivers/anthropic_lite.py,
-    the cloud's too), about 1 ms a call cheaper than the SDK's (docs/benchmarks.md, token API overhead);
-    agent turns keep the SDK driver."""
+    """The token API's Anthropic driver when a key is configured: the SDK-free one (drivers/anthropic_lite.py,
+    the cloud's too), about 1 ms a call cheaper than the SDK's, over aiohttp, ~1 ms cheaper again than httpx
+    (docs/benchmarks.md, token API overhead); agent turns keep the SDK driver."""
     api_key = _anthropic_key(settings)
     if not api_key:
         return None
     from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
 
     return AnthropicLiteDriver(api_key, base_url=settings.llm_base_url, timeout_s=settings.llm_timeout_s,
-                               max_retries=settings.llm_max_retries)
+                               max_retries=settings.llm_max_retries, http_client=settings.llm_http_client)
 
 
 def driver_factories(settings: Settings) -> dict[str, DriverFactory]:
@@ -114,7 +114,7 @@ def driver_factories(settings: Settings) -> dict[str, DriverFactory]:
         from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
 
         return AnthropicLiteDriver(key or "", base_url=spec.base_url, timeout_s=settings.llm_timeout_s,
-                                   max_retries=settings.llm_max_retries)
+                                   max_retries=settings.llm_max_retries, http_client=settings.llm_http_client)
 
     return {"anthropic": anthropic,
             **upstream_factories(timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries)}

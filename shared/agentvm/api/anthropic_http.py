@@ -105,6 +105,7 @@ def _bad(field: str, problem: str) -> InvalidRequest:
 
 
 def to_request(body: JSON) -> tuple[str, LLMRequest, bool]:
+    stream = body.get("stream") is True
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "Field required")
@@ -141,8 +142,8 @@ def to_request(body: JSON) -> tuple[str, LLMRequest, bool]:
                          system=system if isinstance(system, str) else None,
                          system_blocks=system if isinstance(system, list) else None, tools=tools,
                          temperature=numbers["temperature"], top_p=numbers["top_p"], stop_sequences=stop or None,
-                         tool_choice=tool_choice)
-    return model, request, body.get("stream") is True
+                         tool_choice=tool_choice, stream=stream)
+    return model, request, stream
 
 
 def usage_wire(usage: Usage, billed: Billed | None) -> JSON:

@@ -159,7 +159,7 @@ class OpenAICompatDriver:
                                      retry_after_s(response.headers), response.headers.get("x-should-retry"))
             parser = SSEParser()
             async for chunk in response.aiter_bytes():
-                for sse in parser.feed(chunk):
+                for sse in parser.events(chunk):
                     if done:
                         continue  # nothing follows [DONE]; drain to release the connection
                     data = sse.data.strip()
