@@ -116,7 +116,7 @@ class Bad200:
                       if line.lower().startswith(b"content-length:"))
         await reader.readexactly(length)
         self.served += 1
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: "
                      + str(len(self.body) + self.missing).encode() + b"\r\n\r\n" + self.body)
         await writer.drain()
         writer.close()
@@ -176,6 +176,41 @@ async def test_a_broken_non_streamed_call_is_billed_its_input_bound_and_max_toke
     assert (provider, model, status, usage, estimated) == ("anthropic", MODEL, "failed", Usage(inputs, 300), True)
     # Haiku 4.5: input 1, output 5 USD per million tokens; × 1.05
     assert Decimal(billed) == (inputs * Decimal(1) + 300 * Decimal(5)) / 1_000_000 * Decimal("1.05")
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_the_proxy_of_the_environment_is_used(client: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    lines: list[bytes] = []
+    message = json.dumps({"id": "msg_p", "type": "message", "model": MODEL, "content": [{"type": "text", "text": "p"}],
+                          "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}).encode()
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines.append(head.split(b"\r\n")[0])
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: "
+                     + str(len(message)).encode() + b"\r\n\r\n" + message)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    driver = AnthropicLiteDriver("sk-test", base_url="http://anthropic.invalid", timeout_s=10, max_retries=0,
+                                 http_client=client)
+    try:
+        events = await _events(driver, _request())
+        await _events(driver, _request())  # the proxy looked up once, used again
+    finally:
+        await driver.aclose()
+        server.close()
+        await server.wait_closed()
+
+    assert events[1] == TextDelta("p")
+    assert lines == [b"POST http://anthropic.invalid/v1/messages HTTP/1.1"] * 2
 
 
 def test_the_message_json_is_what_the_fake_serves() -> None:
