@@ -65,6 +65,7 @@ from agentvm.services.use_cases import UseCases
 from agentvm.tools.catalog import StdioSchemas, ToolCatalog
 from agentvm.tools.mcp import McpPool
 from agentvm.tools.provider import WorkspaceTools
+from avm.http_protocol import JoinedWritesProtocol
 
 if TYPE_CHECKING:
     from agentvm.drivers.anthropic_lite import AnthropicLiteDriver
@@ -314,7 +315,7 @@ def uvicorn_config(rt: Runtime) -> uvicorn.Config:
     return uvicorn.Config(rt.app, host=s.host, port=s.port, log_config=None, lifespan="on", access_log=False,
                           ws="websockets-sansio", ws_max_size=s.max_frame_bytes, ws_per_message_deflate=False,
                           ws_ping_interval=s.ping_interval_s, ws_ping_timeout=s.ping_interval_s,
-                          timeout_graceful_shutdown=15, loop="none")
+                          timeout_graceful_shutdown=15, loop="none", http=JoinedWritesProtocol)
 
 
 def url_host(host: str) -> str:
