@@ -142,6 +142,8 @@ def _body_too_large(limit: int) -> PayloadTooLarge:
 
 # the token API's routes that take a request body (docs/token-api.md)
 TOKEN_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
+# the latency-bound token routes, called by the gate itself (docs/benchmarks.md, token API overhead)
+DIRECT_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 
 
 def _token_body_too_large(limit: int) -> PayloadTooLarge:
@@ -182,6 +184,7 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
     principal_for: Callable[[Request], Awaitable[Principal]] | None = None
     callers: list[Callable[[Request], Awaitable[Any]]] = []
     limits: dict[str, BodyLimit] = {}  # by route path; any other route: `body_limit`
+    direct: tuple[str, ...] = ()  # routes the gate calls itself (request_gate.py, point 3)
 
     @app.get("/health", tags=["ops"])
     async def health() -> dict[str, Any]:
@@ -213,6 +216,8 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             token_limit = BodyLimit(_limit(api.token_max_body_bytes, "token_api_max_body_bytes"), _token_body_too_large)
             for path in TOKEN_PATHS:
                 limits[path] = token_limit
+            if not tracing.enabled():  # FastAPI's own request spans come from the layers skipped
+                direct = DIRECT_PATHS
         include(resources_router(api.resources, principal_for))
         if api.services is not None:  # a session host's (avm serve, chat_stream); http_api never loads them
             from agentvm.api.images_http import images_router
@@ -256,7 +261,7 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
     app.add_middleware(RequestGate, routes=lambda: routes, public=_public_paths(app), callers=callers,
                        default_caller=principal_for,
                        default_limit=BodyLimit(body_limit, _body_too_large),
-                       limits=limits)
+                       limits=limits, direct=direct)
     origins = list(api.cors_origins) if api is not None and api.cors_origins is not None else _env_origins()
     if origins:  # added last, so outermost: a preflight (no key) is answered before the gate asks for one
         from starlette.middleware.cors import CORSMiddleware
