@@ -118,7 +118,8 @@ def driver_factories(settings: Settings) -> dict[str, DriverFactory]:
                                    max_retries=settings.llm_max_retries, http_client=settings.llm_http_client)
 
     return {"anthropic": anthropic,
-            **upstream_factories(timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries)}
+            **upstream_factories(timeout_s=settings.llm_timeout_s, max_retries=settings.llm_max_retries,
+                                 http_client=settings.llm_http_client)}
 
 
 def token_gateway(settings: Settings, driver: Driver, config: ConfigService, meter: Meter) -> TokenGateway:
