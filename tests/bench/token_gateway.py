@@ -140,10 +140,11 @@ def added(summary: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
             for route in ROUTES}
 
 
-def run(n: int, warmup: int, workdir: Path) -> dict[str, Any]:
+def run(n: int, warmup: int, workdir: Path, serve_env: dict[str, str] | None = None) -> dict[str, Any]:
     modes: dict[str, Any] = {}
     with fake_upstream() as fake:
-        env = {"LLM_API_KEY": UPSTREAM_HEADERS["x-api-key"], "AVM_LLM_BASE_URL": fake, "AVM_LLM_MAX_RETRIES": "0"}
+        env = {"LLM_API_KEY": UPSTREAM_HEADERS["x-api-key"], "AVM_LLM_BASE_URL": fake, "AVM_LLM_MAX_RETRIES": "0",
+               **(serve_env or {})}
         sp: ServeProcess = start_serve(workdir / "data", env=env)
         try:
             with httpx.Client(timeout=30) as client:
@@ -182,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("python -m tests.bench.token_gateway", __doc__)
     parser.add_argument("--calls", type=int,
                         help=f"timed calls of each kind (default {FULL_CALLS}, quick {QUICK_CALLS})")
+    parser.add_argument("--serve-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of the server under test, e.g. AVM_LLM_HTTP_CLIENT=httpx (A/B runs)")
     args = parser.parse_args(argv)
+    serve_env = dict(item.partition("=")[::2] for item in args.serve_env)
     n = args.calls or (QUICK_CALLS if args.quick else FULL_CALLS)
     warmup = QUICK_WARMUP if args.quick else FULL_WARMUP
     wait = args.wait_idle if args.wait_idle is not None else (0.0 if args.quick else 120.0)
@@ -190,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     if wait > 0:
         info["foreign_cpu_share_at_start"] = round(wait_until_idle(min(wait, 180.0)), 3)
     with tempfile.TemporaryDirectory(prefix="avm-bench-") as tmp:
-        result = run(n, warmup, Path(tmp))
-    result = {"mode": "quick" if args.quick else "full", "machine": info, **result}
+        result = run(n, warmup, Path(tmp), serve_env)
+    result = {"mode": "quick" if args.quick else "full", "machine": info, "serve_env": serve_env, **result}
     print(report(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

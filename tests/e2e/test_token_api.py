@@ -213,6 +213,7 @@ def test_a_priced_call_is_billed_at_list_times_1_05_exactly_and_recorded_once(
     assert raw.headers["x-agentvm-cost-usd"] == "0.00294000"
     sent = fake.last_request
     assert (sent.body["model"], sent.body["max_tokens"], sent.api_key) == ("claude-haiku-4-5", 300, "upstream-key")
+    assert sent.body["stream"] is False  # a non-streamed request: one message from upstream, not its stream
     call = raw.headers["x-agentvm-call-id"]
     [record] = [r for r in usage_records(server, admin) if r["turnId"] == call]
     assert (record["provider"], record["model"], record["tier"], record["status"]) == (
@@ -255,6 +256,7 @@ def test_a_tool_call_round_trip_and_an_image_through_the_openai_sdk(
     stream = client.chat.completions.create(model=HAIKU, messages=messages, tools=tools,  # type: ignore[arg-type]
                                             stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "It is sunny in Oslo."
+    assert (fake.requests[0].body["stream"], fake.requests[1].body["stream"]) == (False, True)
     second = fake.requests[1].body["messages"]
     assert second[1] == {"role": "assistant", "content": [
         {"type": "text", "text": "Let me look."},
@@ -330,6 +332,22 @@ def test_the_anthropic_sdk_passes_cache_control_through_and_pays_cache_prices(
         lines = list(raw.iter_lines())
     delta = next(json.loads(line[6:]) for line in lines if line.startswith("data: ") and '"message_delta"' in line)
     assert delta["usage"]["cost"] == "0.00667800"
+    # not streamed (one message from upstream): the same usage, cache counts and cost, a tool_use block
+    fake.enqueue(Reply([Text("Looking."), ToolUse("toolu_c", "lookup", {"q": "manual"})], stop_reason="tool_use",
+                       usage=FakeUsage(input_tokens=10, output_tokens=20, cache_read_input_tokens=5000)))
+    raw_message = client.messages.with_raw_response.create(model=HAIKU, max_tokens=100, system=system,  # type: ignore[arg-type]
+                                                           messages=[{"role": "user", "content": "look it up"}])
+    message = raw_message.parse()
+    assert fake.last_request.body["stream"] is False
+    assert [b.model_dump(exclude_none=True) for b in message.content] == [
+        {"type": "text", "text": "Looking."}, {"type": "tool_use", "id": "toolu_c", "name": "lookup",
+                                                "input": {"q": "manual"}}]
+    assert message.stop_reason == "tool_use"
+    assert (message.usage.input_tokens, message.usage.output_tokens, message.usage.cache_read_input_tokens,
+            message.usage.cache_creation_input_tokens) == (10, 20, 5000, 0)
+    # 10 × 1 + 20 × 5 + 5000 × 0.10 (the cache read price) = 610 per million, × 1.05 = 0.0006405
+    assert message.usage.model_extra == {"cost": "0.00064050"}
+    assert raw_message.headers["x-agentvm-cost-usd"] == "0.00064050"
 
 
 def test_bad_keys_are_refused_with_each_sdks_authentication_error(srv: tuple[ServeProcess, str, str]) -> None:

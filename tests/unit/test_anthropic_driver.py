@@ -66,8 +66,13 @@ def _anthropic_lite(base_url: str, timeout_s: float) -> Driver:
     return AnthropicLiteDriver(API_KEY, base_url=base_url, timeout_s=timeout_s, max_retries=0)
 
 
+def _anthropic_lite_aiohttp(base_url: str, timeout_s: float) -> Driver:
+    return AnthropicLiteDriver(API_KEY, base_url=base_url, timeout_s=timeout_s, max_retries=0, http_client="aiohttp")
+
+
 _FACTORIES: dict[str, Callable[[str, float], Driver]] = {"anthropic_sdk": _anthropic_sdk,
-                                                         "anthropic_lite": _anthropic_lite}
+                                                         "anthropic_lite": _anthropic_lite,
+                                                         "anthropic_lite_aiohttp": _anthropic_lite_aiohttp}
 
 
 @pytest.fixture(params=sorted(_FACTORIES))
@@ -441,20 +446,20 @@ async def test_lite_client_is_created_lazily_reused_and_keeps_the_connection(fak
     assert driver.name == "anthropic"
     assert repr(driver) == f"AnthropicLiteDriver(base_url='{fake.base_url}/')"
     try:
-        assert driver._client is None
+        assert driver._http.client is None
         await _collect(driver)
-        client = driver._client
+        client = driver._http.client
         assert client is not None
         pool = client._transport._pool  # type: ignore[attr-defined]
         first_connections = list(pool.connections)
         await _collect(driver)
-        assert driver._client is client
+        assert driver._http.client is client
         # The first stream was drained to its end, so its keep-alive connection served the second.
         assert len(first_connections) == 1
         assert list(pool.connections) == first_connections
     finally:
         await driver.aclose()
-    assert driver._client is None
+    assert driver._http.client is None
     assert [(r.method, r.path) for r in fake.requests] == [("POST", "/v1/messages")] * 2
 
 
@@ -478,7 +483,7 @@ def test_lite_makes_a_new_client_for_a_new_event_loop(fake: FakeAnthropic) -> No
 
     async def call() -> list[DriverEvent]:
         events = await _collect(driver)
-        client = driver._client
+        client = driver._http.client
         assert client is not None
         clients.append(client)
         await client.aclose()  # behind the driver's back: reusing this client would now fail
@@ -490,7 +495,7 @@ def test_lite_makes_a_new_client_for_a_new_event_loop(fake: FakeAnthropic) -> No
 
     assert first[-1] == second[-1] == MessageStop("end_turn", Usage(10, 5, 0, 0))
     assert clients[0] is not clients[1]
-    assert driver._client is None
+    assert driver._http.client is None
     assert len(fake.requests) == 2
 
 

@@ -38,9 +38,10 @@ def server() -> Iterator[StubServer]:
         yield stub
 
 
-@pytest.fixture
-async def driver(server: StubServer) -> AsyncIterator[OpenAICompatDriver]:
-    drv = OpenAICompatDriver(API_KEY, base_url=server.base_url + "/v1", timeout_s=10, max_retries=0)
+@pytest.fixture(params=["httpx", "aiohttp"])
+async def driver(server: StubServer, request: pytest.FixtureRequest) -> AsyncIterator[OpenAICompatDriver]:
+    drv = OpenAICompatDriver(API_KEY, base_url=server.base_url + "/v1", timeout_s=10, max_retries=0,
+                             http_client=request.param)
     yield drv
     await drv.aclose()
 

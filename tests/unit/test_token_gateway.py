@@ -218,6 +218,40 @@ async def test_settled_before_the_answer_the_bill_waits_for_the_write(tmp_path: 
         assert isinstance(seen[-1], Billed) and len(await records(ledger)) == 1
 
 
+class Draining(Slow):
+    """After MessageStop the stream waits for `drained` (a driver reading the rest of the provider's answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drained = asyncio.Event()
+
+    async def stream(self, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]:
+        async for event in super().stream(request):
+            yield event
+        await self.drained.wait()
+
+
+async def test_the_settle_starts_at_message_stop_while_the_driver_drains(tmp_path: Path) -> None:
+    driver = Draining()
+    async with gateway(tmp_path, driver, held=True) as (gw, ledger):
+        assert isinstance(ledger, HeldLedger)
+        call = await gw.start(Principal("t1"), "claude-haiku-4-5", request())
+        seen = [await call.events.__anext__() for _ in range(7)]
+        assert isinstance(seen[-1], MessageStop)
+        await asyncio.sleep(0.05)
+        # the bill is being written before the driver's stream ended
+        assert ledger.settling == 1 and not driver.drained.is_set()
+        ledger.go.set()
+        driver.drained.set()
+        billed = await asyncio.wait_for(call.events.__anext__(), 5)
+        assert isinstance(billed, Billed) and billed.usage == Usage(1000, 40)
+        with pytest.raises(StopAsyncIteration):
+            await call.events.__anext__()
+        assert ledger.settling == 1
+        assert await records(ledger) == [("anthropic", "claude-haiku-4-5", "completed", Usage(1000, 40),
+                                          "0.00126000", False)]
+
+
 async def test_a_client_that_goes_away_is_billed_for_what_streamed_and_the_hold_is_given_back(
         tmp_path: Path) -> None:
     async with gateway(tmp_path, Slow(words=50)) as (gw, ledger):

@@ -105,6 +105,7 @@ def _bad(field: str, problem: str) -> InvalidRequest:
 
 
 def to_request(body: JSON) -> tuple[str, LLMRequest, bool]:
+    stream = body.get("stream") is True
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "Field required")
@@ -141,8 +142,8 @@ def to_request(body: JSON) -> tuple[str, LLMRequest, bool]:
                          system=system if isinstance(system, str) else None,
                          system_blocks=system if isinstance(system, list) else None, tools=tools,
                          temperature=numbers["temperature"], top_p=numbers["top_p"], stop_sequences=stop or None,
-                         tool_choice=tool_choice)
-    return model, request, body.get("stream") is True
+                         tool_choice=tool_choice, stream=stream)
+    return model, request, stream
 
 
 def usage_wire(usage: Usage, billed: Billed | None) -> JSON:
@@ -222,11 +223,18 @@ def _sse(event: str, data: JSON) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
+_PING = _sse("ping", {"type": "ping"})
+_MESSAGE_STOP = _sse("message_stop", {"type": "message_stop"})
+
+
 async def _events(call: GatewayCall, first: DriverEvent | Billed | None) -> AsyncIterator[bytes]:
+    """The stream's events; those that go out together are one write (message_start and ping, a block's
+    start and its first delta, the last block's stop and the closing message_delta and message_stop)."""
     index = -1
     open_text = False
     usage = Usage()
     stop_reason = "end_turn"
+    held = b""  # the last block's stop, sent with what follows it
     try:
         async with contextlib.aclosing(replay(first, call)) as events:
             async for event in events:
@@ -235,24 +243,26 @@ async def _events(call: GatewayCall, first: DriverEvent | Billed | None) -> Asyn
                     yield _sse("message_start", {"type": "message_start", "message": {
                         "id": event.message_id or "msg_" + call.call_id, "type": "message", "role": "assistant",
                         "model": call.model.id, "content": [], "stop_reason": None, "stop_sequence": None,
-                        "usage": usage_wire(usage, None)}})
-                    yield _sse("ping", {"type": "ping"})
+                        "usage": usage_wire(usage, None)}}) + _PING
                 elif isinstance(event, TextDelta):
+                    out = b""
                     if not open_text:
                         index += 1
                         open_text = True
-                        yield _sse("content_block_start", {"type": "content_block_start", "index": index,
+                        out = _sse("content_block_start", {"type": "content_block_start", "index": index,
                                                            "content_block": {"type": "text", "text": ""}})
-                    yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                       "delta": {"type": "text_delta", "text": event.text}})
+                    yield out + _sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                             "delta": {"type": "text_delta", "text": event.text}})
                 elif isinstance(event, ToolUseStart):
+                    out = b""
                     if open_text:
-                        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+                        out = _sse("content_block_stop", {"type": "content_block_stop", "index": index})
                         open_text = False
                     index += 1
-                    yield _sse("content_block_start", {"type": "content_block_start", "index": index,
-                                                       "content_block": {"type": "tool_use", "id": event.tool_call_id,
-                                                                         "name": event.name, "input": {}}})
+                    yield out + _sse("content_block_start", {"type": "content_block_start", "index": index,
+                                                             "content_block": {"type": "tool_use",
+                                                                               "id": event.tool_call_id,
+                                                                               "name": event.name, "input": {}}})
                 elif isinstance(event, InputJsonDelta):
                     yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
                                                        "delta": {"type": "input_json_delta",
@@ -263,17 +273,19 @@ async def _events(call: GatewayCall, first: DriverEvent | Billed | None) -> Asyn
                     usage = event.usage
                 elif isinstance(event, MessageStop):
                     if open_text:
-                        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+                        held = _sse("content_block_stop", {"type": "content_block_stop", "index": index})
                         open_text = False
                     stop_reason = event.stop_reason or "end_turn"
                 elif isinstance(event, Billed):
                     # after the bill: message_delta carries the final usage and its cost
-                    yield _sse("message_delta", {"type": "message_delta",
-                                                 "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                                                 "usage": usage_wire(event.usage, event)})
-                    yield _sse("message_stop", {"type": "message_stop"})
+                    yield held + _sse("message_delta", {"type": "message_delta",
+                                                        "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                                                        "usage": usage_wire(event.usage, event)}) + _MESSAGE_STOP
+                    held = b""
+        if held:
+            yield held
     except AgentVMError as exc:
         kind = "overloaded_error" if exc.code == "overloaded_error" else "api_error"
-        yield _sse("error", {"type": "error", "error": {"type": kind, "message": public_message(exc)}})
+        yield held + _sse("error", {"type": "error", "error": {"type": kind, "message": public_message(exc)}})
     finally:
         await call.events.aclose()

@@ -149,6 +149,8 @@ def _body_too_large(limit: int) -> PayloadTooLarge:
 # the session archive's import (api/archive_http.py IMPORT_PATH): its own body limit
 ARCHIVE_IMPORT_PATH = "/v1/sessions/import"
 TOKEN_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
+# the latency-bound token routes, called by the gate itself (docs/benchmarks.md, token API overhead)
+DIRECT_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 
 
 def _token_body_too_large(limit: int) -> PayloadTooLarge:
@@ -176,6 +178,7 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
     principal_for: Callable[[Request], Awaitable[Principal]] | None = None
     callers: list[Callable[[Request], Awaitable[Any]]] = []
     limits: dict[str, BodyLimit] = {}  # by route path; any other route: `body_limit`
+    direct: tuple[str, ...] = ()  # routes the gate calls itself (request_gate.py, point 3)
 
     # its answer's schema declared rather than read from the annotation: a route without a validated
     # parameter or answer is built without pydantic (built at start-up, unlike the route groups)
@@ -200,13 +203,15 @@ def create_app(*, lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None
             token_limit = BodyLimit(_limit(api.token_max_body_bytes, "token_api_max_body_bytes"), _token_body_too_large)
             for path in TOKEN_PATHS:
                 limits[path] = token_limit
+            if not tracing.enabled():  # FastAPI's own request spans come from the layers skipped
+                direct = DIRECT_PATHS
         if api.services is not None:
             limits[ARCHIVE_IMPORT_PATH] = BodyLimit(archive_limit, _archive_too_large)
     app.openapi = _with_every_route(app, groups)  # type: ignore[method-assign]
     app.add_middleware(RequestGate, routes=lambda: groups.routes, public=_public_paths(app), callers=callers,
                        default_caller=principal_for,
                        default_limit=BodyLimit(body_limit, _body_too_large),
-                       limits=limits)
+                       limits=limits, direct=direct)
     app.add_middleware(BuildRoutes, groups=groups)  # outside the gate: it authenticates by the routes
     origins = list(api.cors_origins) if api is not None and api.cors_origins is not None else _env_origins()
     if origins:  # added last, so outermost: a preflight (no key) is answered before the gate asks for one

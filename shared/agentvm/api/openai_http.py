@@ -162,6 +162,7 @@ async def _chunks(call: GatewayCall, first: DriverEvent | Billed | None, ident: 
                   include_usage: bool, json_tool: str | None) -> AsyncIterator[bytes]:
     model, created = call.model.id, int(time.time())
     tools = -1  # the index of the current tool call
+    held = b""  # the finish chunk, sent with the usage chunk and [DONE] (one write)
     yield chunk(ident, model, created, {"role": "assistant", "content": ""})
     try:
         async with contextlib.aclosing(_answer(replay(first, call), json_tool)) as events:
@@ -177,15 +178,15 @@ async def _chunks(call: GatewayCall, first: DriverEvent | Billed | None, ident: 
                     yield chunk(ident, model, created, {"tool_calls": [{
                         "index": tools, "function": {"arguments": event.partial_json}}]})
                 elif isinstance(event, MessageStop):
-                    yield chunk(ident, model, created, {}, FINISH_REASONS.get(event.stop_reason, "stop"))
+                    held = chunk(ident, model, created, {}, FINISH_REASONS.get(event.stop_reason, "stop"))
                 elif isinstance(event, Billed) and include_usage:
-                    yield chunk(ident, model, created, None, usage=usage_wire(event.usage, event))
+                    held += chunk(ident, model, created, None, usage=usage_wire(event.usage, event))
     except AgentVMError as exc:
         # the answer has begun: the failure is an `error` event (the SDK raises APIError on it)
         error: JSON = {"error": {"message": public_message(exc), "type": "upstream_error", "param": None,
                                  "code": exc.code}}
-        yield b"data: " + orjson.dumps(error) + b"\n\n"
+        yield held + b"data: " + orjson.dumps(error) + b"\n\n"
         return
     finally:
         await call.events.aclose()
-    yield b"data: [DONE]\n\n"
+    yield held + b"data: [DONE]\n\n"

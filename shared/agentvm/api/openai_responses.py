@@ -93,7 +93,7 @@ def to_request(body: JSON) -> tuple[str, LLMRequest, bool, str | None, JsonMode 
     request = LLMRequest(model=model, messages=messages, max_tokens=max_tokens,
                          system="\n\n".join(system) if system else None, tools=_tools(body.get("tools")),
                          temperature=numbers["temperature"], top_p=numbers["top_p"],
-                         tool_choice=_choice(body.get("tool_choice")))
+                         tool_choice=_choice(body.get("tool_choice")), stream=body.get("stream") is True)
     if json_mode is not None:
         request = with_json_tool(request, json_mode, "text.format")
     return model, request, body.get("stream") is True, param, json_mode

@@ -76,7 +76,8 @@ def to_request(body: JSON) -> ChatCall:
     request = LLMRequest(model=model, messages=messages, max_tokens=max_tokens,
                          system="\n\n".join(system) if system else None, tools=_tools(body.get("tools")),
                          temperature=_number(body, "temperature", 0, 2), top_p=_number(body, "top_p", 0, 1),
-                         stop_sequences=stop or None, tool_choice=tool_choice_of(body.get("tool_choice")))
+                         stop_sequences=stop or None, tool_choice=tool_choice_of(body.get("tool_choice")),
+                         stream=stream)
     if json_mode is not None:
         request = with_json_tool(request, json_mode, "response_format")
     return ChatCall(model, request, stream, include_usage, param, json_mode.tool if json_mode else None)

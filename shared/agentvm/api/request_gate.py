@@ -19,7 +19,14 @@ gate is a pure ASGI middleware:
 An early answer to a chunked body or one declared over 64 KiB carries `Connection: close`: the
 server stops reading and closes, instead of draining (possibly gigabytes of) what the client still
 sends; the client may see a reset after the answer. A smaller body is drained and the connection
-kept."""
+kept.
+
+3. A route named in `direct` whose endpoint takes the request alone (no dependency, no parameter)
+   and answers a `Response` is called by the gate itself, its body still counted: the latency-bound
+   token API routes skip the layers a request passes through after the gate (FastAPI's exception
+   middleware and exit stack, the router, its request handler; ~0.1-0.2 ms a call). They catch their
+   own errors (answered in their vendor's shape); anything else still reaches the application's
+   outermost error handler."""
 
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ from typing import Any, TypeVar
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -90,7 +97,7 @@ class RequestGate:
 
     def __init__(self, app: ASGIApp, *, routes: Callable[[], Sequence[BaseRoute]], public: Collection[str],
                  callers: Collection[Resolver], default_caller: Resolver | None, default_limit: BodyLimit,
-                 limits: Mapping[str, BodyLimit] | None = None) -> None:
+                 limits: Mapping[str, BodyLimit] | None = None, direct: Collection[str] = ()) -> None:
         self.app = app
         self._routes = routes
         self._public = frozenset(public)
@@ -98,6 +105,8 @@ class RequestGate:
         self._default_caller = default_caller
         self._default_limit = default_limit
         self._limits = dict(limits or {})
+        self._direct = frozenset(direct)
+        self._apps: dict[int, ASGIApp] = {}  # id(route): what the gate passes its request to
         self._declared: dict[int, tuple[Resolver, ...]] = {}  # id(route): its caller dependencies
         # (method, path, root path): the route that takes it. Matching walks every route (~0.1 ms a
         # request, as much as the router's own match); bounded, as paths carry ids.
@@ -129,7 +138,8 @@ class RequestGate:
         if declared.isdigit() and int(declared) > max_bytes:
             await error_response(limit.refuse(max_bytes), close=close)(scope, receive, send)
             return
-        await _Counted(self.app, scope, receive, send, max_bytes, limit.refuse).run()
+        app = self.app if route is None else self._app_of(route)
+        await _Counted(app, scope, receive, send, max_bytes, limit.refuse).run()
 
     def _route(self, scope: Scope) -> BaseRoute | None:
         """The route that takes the request; None when none takes it whole (404, 405)."""
@@ -145,6 +155,14 @@ class RequestGate:
         if len(self._found) >= _FOUND_MAX:
             self._found.clear()
         self._found[key] = found
+        return found
+
+    def _app_of(self, route: BaseRoute) -> ASGIApp:
+        found = self._apps.get(id(route))
+        if found is None:
+            found = self._apps[id(route)] = self.app
+            if isinstance(route, APIRoute) and route.path in self._direct and _request_only(route):
+                found = self._apps[id(route)] = _direct_app(route.endpoint)
         return found
 
     def _callers_of(self, route: BaseRoute) -> tuple[Resolver, ...]:
@@ -164,6 +182,22 @@ class RequestGate:
                 found.append(dependency.call)
             pending.extend(dependency.dependencies)
         return found
+
+
+def _request_only(route: APIRoute) -> bool:
+    """The endpoint takes the request and nothing else (nothing for FastAPI to resolve)."""
+    d = route.dependant
+    return (d.request_param_name is not None and not d.dependencies and not d.path_params and not d.query_params
+            and not d.header_params and not d.cookie_params and not d.body_params and d.websocket_param_name is None
+            and d.http_connection_param_name is None and d.response_param_name is None
+            and d.background_tasks_param_name is None and d.security_scopes_param_name is None)
+
+
+def _direct_app(endpoint: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+    return app
 
 
 def route_path(scope: Scope) -> str:

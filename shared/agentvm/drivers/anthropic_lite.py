@@ -1,10 +1,16 @@
-"""A lightweight Anthropic driver: the streamed Messages API over plain `httpx`, without the SDK.
+"""A lightweight Anthropic driver: the Messages API over plain HTTP (httpx or aiohttp), without the SDK.
 
 Importing the `anthropic` SDK costs around a second of cold start, which AWS Lambda bills. This
 driver speaks the wire protocol itself (a JSON POST, a Server-Sent Events response parsed by
 `agentvm.drivers.sse`) and never imports `anthropic`, directly or transitively. It honours the
 same contract as the SDK driver (`agentvm.drivers.anthropic_sdk`): the same event mapping, the
 same `UpstreamError` codes and `retryable` flags, and the API key never in an error message.
+
+A request that does not need a stream (`LLMRequest.stream` False: the token API's non-streamed calls)
+is sent with `stream: false` and its one JSON message mapped onto the same events as its stream
+would give; a 200 whose body is then cut or malformed is billed as a stream broken after its start
+(`message_events`). The HTTP client is httpx unless the composition root picks aiohttp
+(`agentvm.drivers.upstream_http`).
 
 Retries happen only before the first event was yielded, only for retryable failures (408, 429,
 5xx and 529 responses, an error event of a retryable type, a malformed event, connection errors
@@ -23,8 +29,6 @@ import math
 import random
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
-
-import httpx
 
 from agentvm.domain.models import Usage
 from agentvm.drivers.anthropic_common import (
@@ -51,6 +55,7 @@ from agentvm.drivers.base import (
     UsageUpdate,
 )
 from agentvm.drivers.sse import SSEParser
+from agentvm.drivers.upstream_http import UpstreamHttp, UpstreamResponse, upstream_http
 from agentvm.errors import UpstreamError
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -60,9 +65,6 @@ DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 # which also bounds a server's `retry-after`.
 INITIAL_RETRY_DELAY_S = 0.5
 MAX_RETRY_DELAY_S = 8.0
-
-# The connection pool the SDK uses; idle connections are kept for httpx's default 5 s.
-_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 
 # Sleeps between attempts go through here (tests replace it to observe the delays).
 _sleep = asyncio.sleep
@@ -123,7 +125,7 @@ def retry_delay_s(retries_done: int, retry_after: float | None) -> float:
 
 
 def request_body(request: LLMRequest) -> JSON:
-    """The Messages API body for a streamed call; unset optional fields are left out."""
+    """The Messages API body (streamed unless `request.stream` is False); unset optional fields are left out."""
     body: JSON = {"model": request.model, "max_tokens": request.max_tokens, "messages": request.messages}
     if request.system_blocks is not None:
         body["system"] = request.system_blocks
@@ -139,8 +141,41 @@ def request_body(request: LLMRequest) -> JSON:
         body["top_p"] = request.top_p
     if request.stop_sequences:
         body["stop_sequences"] = request.stop_sequences
-    body["stream"] = True
+    body["stream"] = request.stream
     return body
+
+
+class MalformedMessage(ValueError):
+    """A 200 answer to a non-streamed call that is not a message."""
+
+
+def message_events(message: Any) -> list[DriverEvent]:
+    """A whole (non-streamed) message as the events its stream would have given: its content blocks
+    in order, then the stop with the message's usage, final when it carries the output count. Blocks
+    no event shows (thinking, a server tool's) need no `HiddenOutput`: the usage is the final one."""
+    if not isinstance(message, dict) or message.get("type") != "message":
+        raise MalformedMessage("not a message")
+    usage, final = reported_usage(message.get("usage"), Usage())
+    events: list[DriverEvent] = [MessageStart(message_id=_str(message.get("id")), model=_str(message.get("model")),
+                                              usage=usage)]
+    content = message.get("content")
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            text = _str(block.get("text"))
+            if text:
+                events.append(TextDelta(text=text))
+        elif block.get("type") == "tool_use":
+            tool_id, name, tool_input = _str(block.get("id")), _str(block.get("name")), _dict(block.get("input"))
+            events.append(ToolUseStart(tool_call_id=tool_id, name=name))
+            if tool_input:
+                events.append(InputJsonDelta(partial_json=json.dumps(tool_input)))
+            events.append(ToolUseStop(tool_call_id=tool_id, name=name, input=dict(tool_input)))
+    stop_reason = message.get("stop_reason")
+    events.append(MessageStop(stop_reason=stop_reason if isinstance(stop_reason, str) else "end_turn", usage=usage,
+                              usage_final=final))
+    return events
 
 
 class _EventMapper:
@@ -203,49 +238,29 @@ class _EventMapper:
 
 
 class AnthropicLiteDriver:
-    """`Driver` for the Anthropic Messages API over `httpx`. The HTTP client (and its keep-alive
-    connection pool) is made on first use and reused; a call from another event loop (e.g. a new
-    `asyncio.run` per Lambda invocation) gets a new client, as connections belong to their loop."""
+    """`Driver` for the Anthropic Messages API without the SDK. `http_client`: "httpx" (the default,
+    every runtime has it) or "aiohttp" (faster; `avm serve`), see `agentvm.drivers.upstream_http`."""
 
     name = "anthropic"
 
     def __init__(self, api_key: str, *, base_url: str | None = None, timeout_s: float = 600.0,
-                 max_retries: int = 2, anthropic_version: str = DEFAULT_ANTHROPIC_VERSION) -> None:
+                 max_retries: int = 2, anthropic_version: str = DEFAULT_ANTHROPIC_VERSION,
+                 http_client: str = "httpx") -> None:
         self._api_key = api_key
         self._base_url = base_url
         self._url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
-        self._timeout_s = timeout_s
         self._max_retries = max(0, max_retries)
-        self._anthropic_version = anthropic_version
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._http: UpstreamHttp = upstream_http(http_client, {
+            "x-api-key": api_key, "anthropic-version": anthropic_version, "content-type": "application/json"},
+            timeout_s)
 
     def __repr__(self) -> str:
         return f"AnthropicLiteDriver(base_url={self._base_url!r})"
 
-    def _get_client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            # A client of a previous (finished) loop cannot be closed from here; it is dropped.
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self._timeout_s),
-                limits=_LIMITS,
-                headers={
-                    "x-api-key": self._api_key,
-                    "anthropic-version": self._anthropic_version,
-                    "content-type": "application/json",
-                },
-            )
-            self._client_loop = loop
-        return self._client
-
     async def aclose(self) -> None:
         """Close the HTTP client and its connection pool (a later call makes a new one). A client of
         another event loop cannot be closed from this one: it is dropped."""
-        client, loop = self._client, self._client_loop
-        self._client = self._client_loop = None
-        if client is not None and loop is asyncio.get_running_loop():
-            await client.aclose()
+        await self._http.aclose()
 
     async def stream(self, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]:
         try:
@@ -259,7 +274,7 @@ class AnthropicLiteDriver:
             veto = False
             try:
                 # aclosing: a consumer that stops early releases the HTTP response right away.
-                async with contextlib.aclosing(self._attempt(content)) as events:
+                async with contextlib.aclosing(self._attempt(content, request)) as events:
                     async for event in events:
                         yielded = True
                         yield event
@@ -277,23 +292,26 @@ class AnthropicLiteDriver:
             await _sleep(retry_delay_s(retries, retry_after))
             retries += 1
 
-    async def _attempt(self, content: bytes) -> AsyncGenerator[DriverEvent, None]:
-        async with self._get_client().stream("POST", self._url, content=content) as response:
-            if not response.is_success:
-                await response.aread()
-                body = _json_or_text(response.text)
-                raise StatusFailure(self._status_error(response.status_code, body),
-                                     retry_after_s(response.headers), response.headers.get("x-should-retry"))
+    async def _attempt(self, content: bytes, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]:
+        async with self._http.post(self._url, content) as response:
+            if not 200 <= response.status < 300:
+                body = _json_or_text((await response.read()).decode(errors="replace"))
+                raise StatusFailure(self._status_error(response.status, body),
+                                    retry_after_s(response.headers), response.headers.get("x-should-retry"))
+            if not request.stream:
+                async for whole in self._message(response, request):
+                    yield whole
+                return
             parser = SSEParser()
             mapper = _EventMapper()
-            async for chunk in response.aiter_bytes():
-                for sse in parser.feed(chunk):
+            async for chunk in response.chunks():
+                for sse in parser.events(chunk):
                     if mapper.stopped:
                         continue  # nothing follows message_stop; drain to release the connection
                     if sse.event is None or sse.event == "ping":
                         continue
                     if sse.event == "error":
-                        raise self._status_error(response.status_code, _json_or_text(sse.data))
+                        raise self._status_error(response.status, _json_or_text(sse.data))
                     if not sse.data:
                         continue
                     payload = json.loads(sse.data)
@@ -306,14 +324,28 @@ class AnthropicLiteDriver:
             raise UpstreamError("The Anthropic stream ended before message_stop",
                                 code="connection_error", retryable=True)
 
+    async def _message(self, response: UpstreamResponse, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]:
+        try:
+            events = message_events(json.loads(await response.read()))
+        except Exception as exc:
+            # The provider took the call (200) and made the whole message before answering, so it billed
+            # it: as a stream broken after its start, the request's input bound and, its output count
+            # lost, up to max_tokens of output (drivers/token_bounds.billed_usage); never retried.
+            yield MessageStart(message_id="", model="")
+            yield HiddenOutput(request.max_tokens)
+            raise self._upstream_error(exc) from None
+        for event in events:
+            yield event
+
     def _status_error(self, status: int, body: Any) -> UpstreamError:
         return status_error(status, body, self._api_key)
 
     def _upstream_error(self, exc: Exception) -> UpstreamError:
-        if isinstance(exc, httpx.TimeoutException):
+        failure = self._http.failure(exc)
+        if failure == "timeout":
             return timeout_error()
-        if isinstance(exc, httpx.TransportError):
+        if failure == "connection":
             return connection_error()
-        if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+        if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError | MalformedMessage):
             return malformed_response()
         return unexpected_error(exc, self._api_key)

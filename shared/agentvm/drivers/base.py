@@ -29,6 +29,9 @@ class LLMRequest:
     stop_sequences: list[str] | None = None
     tool_choice: JSON | None = None  # {"type": "auto" | "any" | "tool" | "none", "name"?}
     top_p: float | None = None
+    # False: the caller wants the whole message, not its stream (the token API's non-streamed calls); a
+    # driver may then ask its provider for one answer (anthropic_lite does); the events are the same
+    stream: bool = True
 
 
 @dataclass(frozen=True, slots=True)

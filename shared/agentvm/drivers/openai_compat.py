@@ -1,9 +1,10 @@
 """A driver for any OpenAI-compatible Chat Completions upstream (OpenAI, DeepSeek, vLLM, Ollama, …):
 a base URL and a key.
 
-Transport: plain `httpx` (async), as `anthropic_lite` uses, not the `openai` SDK: httpx is already in
-the Lambda layer and cheap to import, the SDK is not in the layer and costs cold start; the stream
-is parsed by `agentvm.drivers.sse` and mapped by `agentvm.drivers.openai_wire`.
+Transport: plain HTTP, as `anthropic_lite` uses (httpx, or aiohttp when the composition root picks it:
+`agentvm.drivers.upstream_http`), not the `openai` SDK: httpx is already in the Lambda layer and cheap
+to import, the SDK is not in the layer and costs cold start; the stream is parsed by
+`agentvm.drivers.sse` and mapped by `agentvm.drivers.openai_wire`.
 
 Failures are `UpstreamError`s with the same codes and `retryable` flags as the Anthropic drivers
 (by HTTP status: 401 authentication_error, 403 permission_error, 404 not_found_error, 429
@@ -24,13 +25,12 @@ import json
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-import httpx
-
 from agentvm.drivers.anthropic_common import CODE_BY_STATUS, redact
 from agentvm.drivers.anthropic_lite import StatusFailure, retry_after_s, retry_delay_s
 from agentvm.drivers.base import DriverEvent, LLMRequest
 from agentvm.drivers.openai_wire import ChunkMapper, chat_body
 from agentvm.drivers.sse import SSEParser
+from agentvm.drivers.upstream_http import UpstreamHttp, upstream_http
 from agentvm.errors import UpstreamError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -47,8 +47,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {"base_url": "http://127.0.0.1:8000/v1", "label": "vLLM"},
     "ollama": {"base_url": "http://127.0.0.1:11434/v1", "label": "Ollama"},
 }
-
-_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 
 # Sleeps between attempts go through here (tests replace it to observe the delays).
 _sleep = asyncio.sleep
@@ -69,12 +67,14 @@ class OpenAICompatDriver:
     models refuse `max_tokens`), "max_tokens" for most others. `include_usage: False` for a server
     that refuses `stream_options` (its calls are then billed the request's input bound and the streamed
     bytes, marked estimated).
-    The HTTP client is made on first use per event loop and reused, as in `AnthropicLiteDriver`.
+    The HTTP client ("httpx" or "aiohttp", `http_client`) is made on first use per event loop and
+    reused, as in `AnthropicLiteDriver`.
     """
 
     def __init__(self, api_key: str | None, *, base_url: str | None = None, name: str = "openai",
                  label: str = "The OpenAI-compatible upstream", timeout_s: float = 600.0, max_retries: int = 2,
-                 max_tokens_field: str = "max_tokens", include_usage: bool = True) -> None:
+                 max_tokens_field: str = "max_tokens", include_usage: bool = True,
+                 http_client: str = "httpx") -> None:
         if max_tokens_field not in ("max_tokens", "max_completion_tokens"):
             raise ValueError("max_tokens_field: must be 'max_tokens' or 'max_completion_tokens'")
         self.name = name
@@ -82,12 +82,13 @@ class OpenAICompatDriver:
         self._api_key = api_key or ""
         self._base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self._url = self._base_url + "/chat/completions"
-        self._timeout_s = timeout_s
         self._max_retries = max(0, max_retries)
         self._max_tokens_field = max_tokens_field
         self._include_usage = include_usage
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        if self._api_key:
+            headers["authorization"] = f"Bearer {self._api_key}"
+        self._http: UpstreamHttp = upstream_http(http_client, headers, timeout_s)
 
     @classmethod
     def for_provider(cls, name: str, api_key: str | None, *, base_url: str | None = None,
@@ -105,21 +106,8 @@ class OpenAICompatDriver:
     def __repr__(self) -> str:
         return f"OpenAICompatDriver(name={self.name!r}, base_url={self._base_url!r})"
 
-    def _get_client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            headers = {"content-type": "application/json", "accept": "text/event-stream"}
-            if self._api_key:
-                headers["authorization"] = f"Bearer {self._api_key}"
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout_s), limits=_LIMITS, headers=headers)
-            self._client_loop = loop
-        return self._client
-
     async def aclose(self) -> None:
-        client, loop = self._client, self._client_loop
-        self._client = self._client_loop = None
-        if client is not None and loop is asyncio.get_running_loop():
-            await client.aclose()
+        await self._http.aclose()
 
     async def stream(self, request: LLMRequest) -> AsyncGenerator[DriverEvent, None]:
         body = chat_body(request, max_tokens_field=self._max_tokens_field, include_usage=self._include_usage)
@@ -152,14 +140,14 @@ class OpenAICompatDriver:
     async def _attempt(self, content: bytes, model: str) -> AsyncGenerator[DriverEvent, None]:
         mapper = ChunkMapper(model)
         done = False
-        async with self._get_client().stream("POST", self._url, content=content) as response:
-            if not response.is_success:
-                await response.aread()
-                raise StatusFailure(self.status_error(response.status_code, _json_or_text(response.text)),
-                                     retry_after_s(response.headers), response.headers.get("x-should-retry"))
+        async with self._http.post(self._url, content) as response:
+            if not 200 <= response.status < 300:
+                body = _json_or_text((await response.read()).decode(errors="replace"))
+                raise StatusFailure(self.status_error(response.status, body),
+                                    retry_after_s(response.headers), response.headers.get("x-should-retry"))
             parser = SSEParser()
-            async for chunk in response.aiter_bytes():
-                for sse in parser.feed(chunk):
+            async for chunk in response.chunks():
+                for sse in parser.events(chunk):
                     if done:
                         continue  # nothing follows [DONE]; drain to release the connection
                     data = sse.data.strip()
@@ -221,9 +209,10 @@ class OpenAICompatDriver:
         return UpstreamError(redact(message, self._api_key), code=code, retryable=retryable)
 
     def _transport_error(self, exc: Exception) -> UpstreamError:
-        if isinstance(exc, httpx.TimeoutException):
+        failure = self._http.failure(exc)
+        if failure == "timeout":
             return UpstreamError(f"The request to {self._label_lower} timed out", code="timeout", retryable=True)
-        if isinstance(exc, httpx.TransportError):
+        if failure == "connection":
             return UpstreamError(f"Could not reach {self._label_lower} or the connection was lost",
                                  code="connection_error", retryable=True)
         if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):

@@ -18,7 +18,7 @@ no `data:` field, keeps a leading BOM, and raises its own error for a 200 that i
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from typing import NamedTuple
 
 _BOM = "\ufeff"
@@ -42,8 +42,13 @@ class SSEParser:
         self._data: list[str] = []
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        return list(self.events(chunk))
+
+    def events(self, chunk: bytes) -> Iterator[SSEEvent]:
+        """As `feed`, one event at a time: the events before a line that is not UTF-8 come before its
+        `UnicodeDecodeError`, however the stream was cut into chunks (one chunk may hold many events)."""
         if not chunk:
-            return []
+            return
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         data = self._buffer + chunk
@@ -54,12 +59,10 @@ class SSEParser:
         lines = data.splitlines(keepends=True)
         if lines and lines[-1][-1:] not in (b"\n", b"\r"):
             self._buffer = lines.pop()
-        events: list[SSEEvent] = []
         for line in lines:
             event = self._line(line.rstrip(b"\r\n").decode("utf-8"))
             if event is not None:
-                events.append(event)
-        return events
+                yield event
 
     def _line(self, line: str) -> SSEEvent | None:
         if not self._started:
@@ -88,5 +91,5 @@ async def aiter_sse(chunks: AsyncIterable[bytes]) -> AsyncIterator[SSEEvent]:
     """The events of a byte stream, as each one completes."""
     parser = SSEParser()
     async for chunk in chunks:
-        for event in parser.feed(chunk):
+        for event in parser.events(chunk):
             yield event

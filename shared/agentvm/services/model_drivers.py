@@ -60,15 +60,16 @@ class ModelDrivers:
         return driver
 
 
-def upstream_factories(*, timeout_s: float, max_retries: int) -> dict[str, DriverFactory]:
+def upstream_factories(*, timeout_s: float, max_retries: int, http_client: str = "httpx") -> dict[str, DriverFactory]:
     """The factories of the OpenAI-compatible and Bedrock families (docs/providers.md), the same for
-    every runtime; each imports its driver when a provider of its kind is first called."""
+    every runtime; each imports its driver when a provider of its kind is first called. `http_client`:
+    the OpenAI-compatible driver's ("aiohttp" on `avm serve`, agentvm/drivers/upstream_http.py)."""
 
     def openai(spec: ProviderSpec, key: str | None) -> Driver:
         from agentvm.drivers.openai_compat import OpenAICompatDriver
 
         return OpenAICompatDriver.for_provider(spec.name, key, base_url=spec.base_url, timeout_s=timeout_s,
-                                               max_retries=max_retries)
+                                               max_retries=max_retries, http_client=http_client)
 
     def bedrock(spec: ProviderSpec, _key: str | None) -> Driver:
         from agentvm.drivers.bedrock_converse import BedrockConverseDriver

@@ -160,10 +160,15 @@ class TokenGateway:
         tally = _Tally()
         status = "failed"
         billed: Billed | None = None
+        settling: asyncio.Future[None] | None = None
         try:
             async with contextlib.aclosing(stream) as events:
                 async for event in events:
                     tally.see(event)
+                    if isinstance(event, MessageStop) and settling is None:
+                        # the message is whole and its usage final (nothing follows MessageStop): the bill is
+                        # written while the driver drains the provider's answer and the caller takes this event
+                        billed, settling = self._bill(turn, hold, model, request, tally, markup, "completed")
                     yield event
             status = "completed" if tally.stopped else "failed"
         except GeneratorExit:
@@ -173,16 +178,23 @@ class TokenGateway:
             status = "interrupted"
             raise
         finally:
-            usage, estimated = tally.billed(request)
-            cost = cost_of(usage, model.upstream_model, markup=markup, prices={model.upstream_model: model.price})
-            billed = Billed(usage, cost, f"{turn.turn_id}#llm#1", estimated, markup)
+            if settling is None:
+                billed, settling = self._bill(turn, hold, model, request, tally, markup, status)
             # shielded: a client that went away cancels the response, never the bill
-            settling = asyncio.ensure_future(self._settle(turn, hold, model, billed, status))
-            self._settling.add(settling)
-            settling.add_done_callback(self._settled)
             await asyncio.shield(settling)
         if billed is not None and status == "completed":
             yield billed
+
+    def _bill(self, turn: Turn, hold: Hold | None, model: CatalogModel, request: LLMRequest, tally: _Tally,
+              markup: Decimal, status: str) -> tuple[Billed, asyncio.Future[None]]:
+        """The call's bill as it stands, and its settle started."""
+        usage, estimated = tally.billed(request)
+        cost = cost_of(usage, model.upstream_model, markup=markup, prices={model.upstream_model: model.price})
+        billed = Billed(usage, cost, f"{turn.turn_id}#llm#1", estimated, markup)
+        settling = asyncio.ensure_future(self._settle(turn, hold, model, billed, status))
+        self._settling.add(settling)
+        settling.add_done_callback(self._settled)
+        return billed, settling
 
     def _settled(self, settling: asyncio.Future[None]) -> None:
         self._settling.discard(settling)
