@@ -8,7 +8,7 @@ import gc
 gc.disable()  # the init phase: no collection until init_phase.done(), the last line
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mangum import Mangum
 
@@ -20,9 +20,11 @@ from agentvm.cloud.observability import Count, observe, status_class
 from agentvm.cloud.runtime import loop, runtime
 from agentvm.errors import NotConfigured
 from agentvm.observability import tracing
-from agentvm.services.config import ConfigService
-from agentvm.services.keys import KeyService
-from agentvm.services.resources import ResourceService
+
+if TYPE_CHECKING:  # the services are imported by the first request that uses them
+    from agentvm.services.config import ConfigService
+    from agentvm.services.keys import KeyService
+    from agentvm.services.resources import ResourceService
 
 log = logging.getLogger("agentvm.http_api")
 obs = observe("http_api")
@@ -36,11 +38,15 @@ _callers = HttpCallers(_authenticator)
 
 
 def _keys() -> KeyService:
+    from agentvm.services.keys import KeyService
+
     rt = runtime()
     return KeyService(rt.key_store, rt.authenticator)
 
 
 def _resources() -> ResourceService:
+    from agentvm.services.resources import ResourceService
+
     return ResourceService(runtime().store)  # a thin object over the environment's store
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentvm.domain.models import (
     Agent,
@@ -27,11 +27,13 @@ from agentvm.domain.models import (
     Turn,
     Usage,
 )
-from agentvm.domain.sandbox_limits import Limits, ProcessResult
-from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
-from agentvm.domain.usage import Budget, Hold, Spend, UnitPrices, UsageRecord
-from agentvm.drivers.base import DriverEvent, LLMRequest, ToolOutcome
-from agentvm.money import Cost, ModelPrice
+
+if TYPE_CHECKING:  # annotations only: a process loads what its adapters and services use (a cold start)
+    from agentvm.domain.sandbox_limits import Limits, ProcessResult
+    from agentvm.domain.turn_hosts import TurnHostRecord, TurnRequest
+    from agentvm.domain.usage import Budget, Hold, Spend, UnitPrices, UsageRecord
+    from agentvm.drivers.base import DriverEvent, LLMRequest, ToolOutcome
+    from agentvm.money import Cost, ModelPrice
 
 
 class ContainerRepository(Protocol):
