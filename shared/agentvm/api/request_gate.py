@@ -160,9 +160,10 @@ class RequestGate:
     def _app_of(self, route: BaseRoute) -> ASGIApp:
         found = self._apps.get(id(route))
         if found is None:
-            found = self._apps[id(route)] = self.app
+            found = self.app
             if isinstance(route, APIRoute) and route.path in self._direct and _request_only(route):
-                found = self._apps[id(route)] = _direct_app(route.endpoint)
+                found = _direct_app(route.endpoint)
+            self._apps[id(route)] = found
         return found
 
     def _callers_of(self, route: BaseRoute) -> tuple[Resolver, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -353,20 +354,17 @@ def _create_stream_app(runtime: Any) -> FastAPI:
             await scope.build(p)
         return chat()
 
-    agent_models: list[AgentModels] = []
+    @functools.cache
+    def agent_models() -> AgentModels:
+        from agentvm.services.agent_models import AgentModels
 
-    def agent_models_of() -> AgentModels:
-        if not agent_models:
-            from agentvm.services.agent_models import AgentModels
-
-            agent_models.append(AgentModels(chat_for))
-        return agent_models[0]
+        return AgentModels(chat_for)
 
     app = create_app(api=HttpApi(resources=resources, principal_for=principal_for, config=config,
                                  admin_for=callers.admin, services=services, chat=chat, probe=probe, keys=keys,
                                  key_caller=callers.key_caller, billing=lambda: _scope().rt.billing,
                                  turn_log=lambda: _scope().rt.store,
                                  token_gateway=lambda: _scope().rt.token_gateway,
-                                 token_caller=callers.vendor_principal, agent_models=agent_models_of))
+                                 token_caller=callers.vendor_principal, agent_models=agent_models))
     app.add_middleware(RequestScopes, runtime=get_runtime)
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from agentvm.domain.models import Usage
 
@@ -22,6 +22,19 @@ class Hold:
     started_at: int
 
 
+class ListPrices(Protocol):
+    """USD per million tokens of each class (money.ModelPrice)."""
+
+    @property
+    def input(self) -> Decimal: ...
+    @property
+    def output(self) -> Decimal: ...
+    @property
+    def cache_write(self) -> Decimal: ...
+    @property
+    def cache_read(self) -> Decimal: ...
+
+
 @dataclass(frozen=True, slots=True)
 class UnitPrices:
     """The list prices an LLM call was billed at (USD per million tokens) and the markup over them, kept
@@ -33,6 +46,10 @@ class UnitPrices:
     cache_write: Decimal
     cache_read: Decimal
     markup: Decimal
+
+    @classmethod
+    def of(cls, price: ListPrices, markup: Decimal) -> UnitPrices:
+        return cls(price.input, price.output, price.cache_write, price.cache_read, markup)
 
     def to_text(self) -> str:
         return " ".join(format(v, "f") for v in (self.input, self.output, self.cache_write, self.cache_read,

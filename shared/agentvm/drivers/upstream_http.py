@@ -55,9 +55,11 @@ class UpstreamHttp(Protocol):
 
 
 class _PerLoop:
-    """The client of the running loop, made on first use."""
+    """The client of the running loop, made on first use, with these headers and timeout."""
 
-    def __init__(self) -> None:
+    def __init__(self, headers: Mapping[str, str], timeout_s: float) -> None:
+        self._headers = dict(headers)
+        self._timeout_s = timeout_s
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -111,11 +113,6 @@ class _HttpxResponse:
 
 
 class HttpxUpstream(_PerLoop):
-    def __init__(self, headers: Mapping[str, str], timeout_s: float) -> None:
-        super().__init__()
-        self._headers = dict(headers)
-        self._timeout_s = timeout_s
-
     def _make(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(timeout=httpx.Timeout(self._timeout_s),
                                  limits=httpx.Limits(max_connections=MAX_CONNECTIONS,
@@ -167,9 +164,7 @@ class AiohttpUpstream(_PerLoop):
     (~0.6 ms a call here)."""
 
     def __init__(self, headers: Mapping[str, str], timeout_s: float) -> None:
-        super().__init__()
-        self._headers = dict(headers)
-        self._timeout_s = timeout_s
+        super().__init__(headers, timeout_s)
         self._proxies: dict[str, dict[str, Any]] = {}  # by URL: the post's proxy arguments
 
     def _make(self) -> aiohttp.ClientSession:

@@ -316,11 +316,11 @@ class TurnRunner:
         if msg.usage == Usage():
             await self.meter.release(turn, hold)  # nothing reached the provider's meter
             return
-        p = price_for(msg.model or self.options.default_model, self.options.prices)  # as `_count` priced it
+        price = price_for(msg.model or self.options.default_model, self.options.prices)  # as `_count` priced it
         await self.meter.settle(turn, hold, call=self._llm_calls, provider=self.driver.name,
                                 model=msg.model or request.model, usage=msg.usage, cost=msg.cost, status=status,
                                 estimated=msg.estimated,
-                                prices=UnitPrices(p.input, p.output, p.cache_write, p.cache_read, self.options.markup))
+                                prices=UnitPrices.of(price, self.options.markup))
 
     def _count(self, msg: _Msg) -> None:
         """Add an LLM call's usage once, whether it completed, failed or was interrupted."""

@@ -207,10 +207,9 @@ class TokenGateway:
         if billed.usage == Usage():
             await self._meter.release(turn, hold)  # nothing reached the provider's meter
             return
-        p = model.price
         await self._meter.settle(turn, hold, call=1, provider=model.provider, model=model.ledger_model,
                                  usage=billed.usage, cost=billed.cost, status=status, estimated=billed.estimated,
-                                 prices=UnitPrices(p.input, p.output, p.cache_write, p.cache_read, billed.markup))
+                                 prices=UnitPrices.of(model.price, billed.markup))
 
 
 def _resolve(catalog: ModelCatalog, name: str) -> CatalogModel:
